@@ -1,0 +1,182 @@
+"""Endpoints (agent contexts), their exclusive lock, turns and history.
+
+Writes live in ``endpoints/runtime.py`` (turns, lock, quarantine) and
+``endpoints/services.py`` (endpoint configuration). Nothing else sets a state
+field.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from tickets.ids import new_id
+
+
+class EndpointState(models.TextChoices):
+    # available <-> quarantined; only an owner decision leaves quarantine.
+    AVAILABLE = "available"
+    QUARANTINED = "quarantined"
+
+
+class BusyPolicy(models.TextChoices):
+    ENQUEUE = "enqueue"
+    REJECT = "reject"
+
+
+class RunnerKind(models.TextChoices):
+    PYTHON = "python"
+    COMMAND = "command"
+    HTTP = "http"
+
+
+class Endpoint(models.Model):
+    address = models.SlugField(max_length=200, unique=True, allow_unicode=False)
+    owners = models.ForeignKey(
+        "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    runner = models.JSONField(default=dict)
+    turn_budget_s = models.FloatField(default=300.0)
+    interrupt_grace_s = models.FloatField(default=10.0)
+    heartbeat_timeout_s = models.FloatField(default=30.0)
+    requires_approval = models.BooleanField(default=False)
+    busy_policy = models.CharField(
+        max_length=16, choices=BusyPolicy.choices, default=BusyPolicy.ENQUEUE
+    )
+    state = models.CharField(
+        max_length=16, choices=EndpointState.choices, default=EndpointState.AVAILABLE
+    )
+    # Monotonic counter: each turn takes ++turn_seq as its fencing token.
+    turn_seq = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["address"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=EndpointState.values), name="endpoint_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(busy_policy__in=BusyPolicy.values), name="endpoint_busy_policy_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(turn_budget_s__gt=0)
+                & Q(interrupt_grace_s__gt=0)
+                & Q(heartbeat_timeout_s__gt=0),
+                name="endpoint_budgets_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.address
+
+
+class EndpointAlias(models.Model):
+    """An old address that resolves to an endpoint (compatibility routes)."""
+
+    alias = models.SlugField(max_length=200, unique=True)
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="aliases")
+
+    class Meta:
+        ordering = ["alias"]
+
+    def __str__(self) -> str:
+        return f"{self.alias} -> {self.endpoint_id}"
+
+
+class EndpointLock(models.Model):
+    """One row per endpoint. Taken FOR UPDATE from turn start through exact
+    completion or failure isolation; ``holder`` is the one turn allowed to
+    change the endpoint's context, ``token`` its fencing ``seq``."""
+
+    endpoint = models.OneToOneField(
+        Endpoint, primary_key=True, on_delete=models.CASCADE, related_name="lock"
+    )
+    holder = models.OneToOneField(
+        "endpoints.Turn", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    token = models.BigIntegerField(null=True, blank=True)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Holder and token are set and cleared together.
+            models.CheckConstraint(
+                condition=(Q(holder__isnull=True) & Q(token__isnull=True))
+                | (Q(holder__isnull=False) & Q(token__isnull=False)),
+                name="lock_holder_token_together",
+            ),
+        ]
+
+
+class TurnState(models.TextChoices):
+    # running -> completed | failed | interrupting -> stopped | uncertain
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTING = "interrupting"
+    STOPPED = "stopped"
+    UNCERTAIN = "uncertain"
+    # An uncertain turn closed by an owner decision without stop evidence.
+    UNRESOLVED = "unresolved"
+
+
+TURN_ACTIVE_STATES = (TurnState.RUNNING, TurnState.INTERRUPTING)
+
+
+class Turn(models.Model):
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.PROTECT, related_name="turns")
+    ticket = models.ForeignKey("tickets.Ticket", on_delete=models.PROTECT, related_name="turns")
+    seq = models.BigIntegerField()
+    state = models.CharField(max_length=16, choices=TurnState.choices, default=TurnState.RUNNING)
+    runner_kind = models.CharField(max_length=16, choices=RunnerKind.choices)
+    celery_task_id = models.CharField(max_length=255, blank=True, default="")
+    worker = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    deadline_at = models.DateTimeField()
+    interrupt_requested_at = models.DateTimeField(null=True, blank=True)
+    interrupt_reason = models.CharField(max_length=32, blank=True, default="")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # What proves it ended: {kind, observed_at, detail}.
+    stop_evidence = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["endpoint_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "seq"], name="turn_seq_unique"),
+            models.CheckConstraint(
+                condition=Q(state__in=TurnState.values), name="turn_state_valid"
+            ),
+        ]
+        indexes = [
+            # The budget sweeps scan only active turns: their cost follows the
+            # number of running turns, not the size of the ledger.
+            models.Index(
+                fields=["deadline_at"],
+                name="turn_active_deadline_idx",
+                condition=Q(state__in=["running", "interrupting"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"turn {self.id} #{self.seq}"
+
+
+class ContextEntry(models.Model):
+    """The endpoint's history: one entry per completed turn."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="history")
+    turn = models.OneToOneField(Turn, on_delete=models.PROTECT, related_name="context_entry")
+    ticket = models.ForeignKey("tickets.Ticket", on_delete=models.PROTECT, related_name="+")
+    seq = models.BigIntegerField()
+    input = models.JSONField(null=True)
+    result = models.JSONField(null=True)
+    artifacts = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["endpoint_id", "seq"]
+        indexes = [models.Index(fields=["endpoint", "-seq"], name="context_recent_idx")]

@@ -1,0 +1,268 @@
+"""The ledger: tickets, their events, traces, callbacks and deliveries.
+
+Writes live in ``tickets/admission.py`` (new tickets) and
+``tickets/lifecycle.py`` (every later transition). Nothing else sets a state
+field.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from .ids import new_id
+
+
+class TicketState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RECOVERING = "recovering"
+    ORPHANED = "orphaned"
+
+
+TERMINAL_STATES = frozenset(
+    {TicketState.SUCCEEDED, TicketState.FAILED, TicketState.CANCELLED, TicketState.ORPHANED}
+)
+
+# The allowed edges of the ticket state machine (DESIGN.md). A running ticket
+# whose cancel was requested becomes cancelled when its turn is proven stopped.
+TICKET_EDGES: dict[str, frozenset[str]] = {
+    TicketState.QUEUED: frozenset({TicketState.RUNNING, TicketState.CANCELLED}),
+    TicketState.RUNNING: frozenset(
+        {
+            TicketState.SUCCEEDED,
+            TicketState.FAILED,
+            TicketState.WAITING,
+            TicketState.RECOVERING,
+            TicketState.CANCELLED,
+        }
+    ),
+    TicketState.WAITING: frozenset(
+        {TicketState.SUCCEEDED, TicketState.FAILED, TicketState.CANCELLED}
+    ),
+    TicketState.RECOVERING: frozenset({TicketState.ORPHANED, TicketState.FAILED}),
+    TicketState.SUCCEEDED: frozenset(),
+    TicketState.FAILED: frozenset(),
+    TicketState.CANCELLED: frozenset(),
+    TicketState.ORPHANED: frozenset(),
+}
+
+
+class CallbackState(models.TextChoices):
+    NONE = "none"
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    RECORDED = "recorded"
+
+
+class DeliveryState(models.TextChoices):
+    NONE = "none"
+    AWAITING_APPROVAL = "awaiting_approval"
+    PENDING = "pending"
+    ATTEMPTED = "attempted"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class ObligationState(models.TextChoices):
+    NONE = "none"  # not a root ticket: its parent carries the obligation
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Ticket(models.Model):
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", on_delete=models.PROTECT, related_name="tickets"
+    )
+    # Null when the caller gave none: NULLs never conflict, so every such
+    # admission is a new ticket.
+    dedupe_key = models.CharField(max_length=255, null=True, blank=True)
+    input_sha256 = models.CharField(max_length=64)
+    input = models.JSONField()
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    trace_id = models.CharField(max_length=64)
+    depth = models.PositiveIntegerField(default=0)
+    state = models.CharField(
+        max_length=16, choices=TicketState.choices, default=TicketState.QUEUED
+    )
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    artifacts = models.JSONField(default=list, blank=True)
+    # The exact turn registered for this ticket: the only one that may answer it.
+    turn = models.ForeignKey(
+        "endpoints.Turn", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # A waiting ticket completed by a callback's turn is attributed to that turn.
+    completed_by_turn = models.ForeignKey(
+        "endpoints.Turn", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    return_to = models.ForeignKey(
+        "endpoints.Endpoint",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    continuation = models.JSONField(null=True, blank=True)
+    # For a callback ticket: the ticket whose completion it reports.
+    callback_for = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="callback_ticket"
+    )
+    requester = models.JSONField(default=dict, blank=True)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    callback_state = models.CharField(
+        max_length=16, choices=CallbackState.choices, default=CallbackState.NONE
+    )
+    delivery_state = models.CharField(
+        max_length=20, choices=DeliveryState.choices, default=DeliveryState.NONE
+    )
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    obligation_state = models.CharField(
+        max_length=8, choices=ObligationState.choices, default=ObligationState.NONE
+    )
+    obligation_due_at = models.DateTimeField(null=True, blank=True)
+    obligation_overdue = models.BooleanField(default=False)
+    obligation_note = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["endpoint", "dedupe_key"], name="ticket_endpoint_dedupe_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=TicketState.values), name="ticket_state_valid"
+            ),
+        ]
+        indexes = [
+            # Keyset pagination, newest first (ids are time-ordered).
+            models.Index(fields=["endpoint", "-id"], name="ticket_endpoint_id_idx"),
+            models.Index(fields=["state", "-id"], name="ticket_state_id_idx"),
+            models.Index(fields=["trace_id", "id"], name="ticket_trace_idx"),
+            # Dispatch: the oldest queued ticket of an endpoint, and the
+            # lost-dispatch sweep. Partial: only queued rows are indexed.
+            models.Index(
+                fields=["endpoint", "id"],
+                name="ticket_queued_idx",
+                condition=Q(state="queued"),
+            ),
+            models.Index(
+                fields=["obligation_due_at"],
+                name="ticket_obligation_open_idx",
+                condition=Q(obligation_state="open"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"ticket {self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class TicketEvent(models.Model):
+    """Append-only: the database refuses UPDATE and DELETE (see migrations)."""
+
+    ticket = models.ForeignKey(Ticket, on_delete=models.DO_NOTHING, related_name="events",
+                               db_constraint=True)
+    kind = models.CharField(max_length=64)
+    from_state = models.CharField(max_length=16, blank=True, default="")
+    to_state = models.CharField(max_length=16, blank=True, default="")
+    actor = models.CharField(max_length=200, blank=True, default="")
+    turn = models.ForeignKey(
+        "endpoints.Turn", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+"
+    )
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["ticket", "id"], name="event_ticket_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.from_state}->{self.to_state}"
+
+
+class Trace(models.Model):
+    """Counts the tickets of a trace for the circuit breaker."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    tickets = models.PositiveIntegerField(default=0)
+    max_depth = models.PositiveIntegerField(default=0)
+    flagged = models.BooleanField(default=False)
+    created_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Callback(models.Model):
+    """One per source ticket: the unique constraint makes repeated or
+    concurrent completion notices converge on the same callback ticket."""
+
+    source = models.OneToOneField(Ticket, on_delete=models.PROTECT, related_name="callback")
+    target = models.ForeignKey("endpoints.Endpoint", on_delete=models.PROTECT, related_name="+")
+    ticket = models.OneToOneField(
+        Ticket, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField()
+
+
+class Delivery(models.Model):
+    """One per root ticket; its id is the stable ``webhook-id``."""
+
+    class Mode(models.TextChoices):
+        WEBHOOK = "webhook"
+        PULL = "pull"
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    ticket = models.OneToOneField(Ticket, on_delete=models.PROTECT, related_name="delivery")
+    mode = models.CharField(max_length=8, choices=Mode.choices)
+    url = models.URLField(max_length=2000, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="delivery_due_idx",
+                condition=Q(next_attempt_at__isnull=False),
+            ),
+        ]
+
+
+class DeliveryAttempt(models.Model):
+    delivery = models.ForeignKey(Delivery, on_delete=models.PROTECT, related_name="attempt_log")
+    number = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    status_code = models.IntegerField(null=True, blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["delivery_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["delivery", "number"], name="attempt_number_unique")
+        ]
