@@ -177,3 +177,12 @@ LOGGING = {
         "django.db.backends": {"level": "WARNING"},
     },
 }
+# Turns can occupy every worker process for their whole budget; sweeps and
+# deliveries get their own queue so a full pool can never starve the sweeps
+# that enforce budgets. `make run` starts a worker for each queue.
+CELERY_TASK_DEFAULT_QUEUE = "turns"
+CELERY_TASK_ROUTES = {
+    "endpoints.sweep_*": {"queue": "control"},
+    "tickets.sweep_*": {"queue": "control"},
+    "tickets.deliver": {"queue": "control"},
+}

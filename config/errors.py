@@ -1,0 +1,63 @@
+"""Domain errors: raised by services, mapped once to the documented JSON shape
+``{"error": code, "detail": sentence, ...}`` (config/api.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    status = 400
+    code = "invalid"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+    def payload(self) -> dict[str, Any]:
+        return {"error": self.code, "detail": self.detail, **self.extra}
+
+
+class Invalid(DomainError):
+    status, code = 400, "invalid"
+
+
+class Unauthenticated(DomainError):
+    status, code = 401, "unauthenticated"
+
+
+class Forbidden(DomainError):
+    status, code = 403, "forbidden"
+
+
+class NotFound(DomainError):
+    status, code = 404, "not_found"
+
+
+class DedupeConflict(DomainError):
+    status, code = 409, "dedupe_conflict"
+
+
+class StaleTurn(DomainError):
+    status, code = 409, "stale_turn"
+
+
+class InvalidTransition(DomainError):
+    status, code = 409, "invalid_transition"
+
+
+class EndpointBusy(DomainError):
+    status, code = 409, "endpoint_busy"
+
+
+class TooLarge(DomainError):
+    status, code = 413, "too_large"
+
+
+class EndpointQuarantined(DomainError):
+    status, code = 423, "endpoint_quarantined"
+
+
+class CircuitOpen(DomainError):
+    status, code = 429, "circuit_open"

@@ -1,0 +1,39 @@
+"""Demo endpoints, a demo owner and an API key; safe to run again."""
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from console.keys import create_api_key
+from console.models import ApiKey
+from console.owners import create_owner
+from endpoints.models import Endpoint
+from endpoints.services import create_endpoint
+
+DEMO = {
+    "demo.echo": "endpoints.demo.echo",
+    "demo.sleep": "endpoints.demo.sleep",
+    "demo.stuck": "endpoints.demo.stuck",
+    "demo.fail": "endpoints.demo.fail",
+    "demo.research": "endpoints.demo.research",
+}
+OWNER, PASSWORD = "demo", "demo-owner"
+
+
+class Command(BaseCommand):
+    help = "Create the demo endpoints, owner 'demo' and an API key (idempotent)."
+
+    def handle(self, *args, **options):
+        for address, path in DEMO.items():
+            if not Endpoint.objects.filter(address=address).exists():
+                create_endpoint(address=address, runner={"kind": "python", "path": path})
+                self.stderr.write(f"created endpoint {address}")
+        create_owner(username=OWNER, password=PASSWORD, endpoints=list(DEMO))
+        key_file = settings.VAR_DIR / "demo_api_key"
+        key = key_file.read_text().strip() if key_file.exists() else ""
+        prefix = key.split("_")[1] if key.count("_") >= 2 else ""
+        if not key or not ApiKey.objects.filter(prefix=prefix, revoked_at__isnull=True).exists():
+            _, key = create_api_key(username=OWNER, name="demo", staff=True)
+            key_file.touch(mode=0o600)
+            key_file.write_text(key)
+        self.stdout.write(f"console: http://127.0.0.1:8000/login/  user {OWNER}  password {PASSWORD}")
+        self.stdout.write(f"API key: {key}")

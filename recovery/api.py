@@ -1,0 +1,5 @@
+"""Recovery routes (filled in by the recovery issue)."""
+
+from ninja import Router
+
+router = Router(tags=["recovery"])

@@ -1,0 +1,96 @@
+"""Callbacks: finished work returns to the endpoint that asked for it.
+
+``ensure_callback`` is idempotent and converges: the callback ticket's dedupe
+key is derived from the source id and ``Callback.source`` is unique, so
+repeated or concurrent completion notices find the same callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from django.db import transaction
+from django.utils import timezone
+
+from config.errors import DomainError
+
+from .lifecycle import append_event, update_fields
+from .models import TERMINAL_STATES, Callback, CallbackState, Ticket
+
+log = logging.getLogger(__name__)
+
+
+def callback_key(source_id: uuid.UUID) -> str:
+    return f"callback:{source_id}"
+
+
+def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
+    """Admit the one callback ticket for a terminal ``source`` with
+    ``return_to``: trace, completed ticket id, response, requester metadata
+    and continuation. The source's callback state goes ``pending ->
+    accepted``. A target that refuses (quarantined, circuit open) leaves it
+    ``pending`` with an event; the obligations sweep tries again."""
+    from .admission import admit_ticket
+
+    with transaction.atomic():
+        source = (
+            Ticket.objects.select_for_update().select_related("return_to").get(id=source_id)
+        )
+        if source.return_to_id is None or source.state not in TERMINAL_STATES:
+            return None
+        existing = Callback.objects.filter(source=source).first()
+        if existing is not None:
+            return existing
+        payload = {
+            "callback": {
+                "source": str(source.id),
+                "state": source.state,
+                "result": source.result,
+                "error": source.error,
+                "artifacts": source.artifacts,
+                "continuation": source.continuation,
+                "trace_id": source.trace_id,
+                "requester": source.requester,
+            }
+        }
+        try:
+            with transaction.atomic():
+                admitted = admit_ticket(
+                    endpoint=source.return_to.address,
+                    input=payload,
+                    dedupe_key=callback_key(source.id),
+                    parent_id=source.id,
+                    callback_for_id=source.id,
+                    requester=source.requester,
+                    actor="callbacks",
+                )
+        except DomainError as exc:
+            append_event(
+                ticket_id=source.id, kind="callback_refused", actor="callbacks",
+                detail={"error": exc.code, "detail": exc.detail},
+            )
+            log.warning("callback for %s refused: %s", source.id, exc.detail)
+            return None
+        callback = Callback.objects.create(
+            source=source, target_id=source.return_to_id, ticket=admitted.ticket,
+            created_at=timezone.now(),
+        )
+        update_fields(
+            ticket_id=source.id, kind="callback_accepted", actor="callbacks",
+            detail={"callback": str(admitted.ticket.id)},
+            callback_state=CallbackState.ACCEPTED,
+        )
+    return callback
+
+
+def retry_pending_callbacks(limit: int = 100) -> int:
+    """Terminal tickets whose callback a target refused earlier."""
+    pending = Ticket.objects.filter(
+        callback_state=CallbackState.PENDING, state__in=list(TERMINAL_STATES)
+    ).values_list("id", flat=True)[:limit]
+    done = 0
+    for source_id in pending:
+        if ensure_callback(source_id=source_id) is not None:
+            done += 1
+    return done

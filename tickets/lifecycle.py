@@ -1,0 +1,167 @@
+"""Ticket transitions after admission.
+
+Every transition is one conditional UPDATE (``WHERE id = … AND state IN
+(expected)``) plus its event row, inside the caller's transaction when there
+is one. A row count of zero means another process got there first: the
+transition raises ``InvalidTransition`` naming the state it found, and writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from config.errors import InvalidTransition, NotFound
+
+from .models import (
+    TERMINAL_STATES,
+    TICKET_EDGES,
+    CallbackState,
+    Ticket,
+    TicketEvent,
+    TicketState,
+)
+
+log = logging.getLogger(__name__)
+
+
+def append_event(
+    *,
+    ticket_id: uuid.UUID,
+    kind: str,
+    actor: str = "",
+    from_state: str = "",
+    to_state: str = "",
+    turn_id: uuid.UUID | None = None,
+    detail: dict[str, Any] | None = None,
+) -> TicketEvent:
+    return TicketEvent.objects.create(
+        ticket_id=ticket_id,
+        kind=kind,
+        from_state=from_state,
+        to_state=to_state,
+        actor=actor,
+        turn_id=turn_id,
+        detail=detail or {},
+        at=timezone.now(),
+    )
+
+
+def transition(
+    *,
+    ticket_id: uuid.UUID,
+    expected: Iterable[str],
+    to: str,
+    kind: str,
+    actor: str,
+    turn_id: uuid.UUID | None = None,
+    detail: dict[str, Any] | None = None,
+    **fields: Any,
+) -> str:
+    """Move a ticket from one of ``expected`` to ``to``; returns the prior state.
+
+    Refuses edges the state machine does not have (a programming error) and
+    prior states that do not match (a race lost): both write nothing.
+    """
+    expected = [str(s) for s in expected]
+    for prior in expected:
+        if to not in TICKET_EDGES[prior]:
+            raise ValueError(f"no edge {prior} -> {to} in the ticket state machine")
+    now = timezone.now()
+    with transaction.atomic():
+        # Lock first so the prior state we report is the one we replace.
+        current = (
+            Ticket.objects.select_for_update().filter(id=ticket_id).values_list("state", flat=True)
+        ).first()
+        if current is None:
+            raise NotFound(f"ticket {ticket_id} not found")
+        if current not in expected:
+            raise InvalidTransition(
+                f"ticket {ticket_id} is {current}; {kind} needs {' or '.join(expected)}",
+                state=current,
+            )
+        if to in TERMINAL_STATES:
+            fields.setdefault("finished_at", now)
+        updated = Ticket.objects.filter(id=ticket_id, state=current).update(
+            state=to, updated_at=now, version=F("version") + 1, **fields
+        )
+        assert updated == 1  # the row is locked: nobody else could change it
+        append_event(
+            ticket_id=ticket_id,
+            kind=kind,
+            actor=actor,
+            from_state=current,
+            to_state=to,
+            turn_id=turn_id,
+            detail=detail,
+        )
+        if to in TERMINAL_STATES:
+            _on_terminal(ticket_id=ticket_id)
+    return current
+
+
+def update_fields(*, ticket_id: uuid.UUID, kind: str, actor: str, detail=None, **fields) -> None:
+    """Change non-state fields of a ticket (delivery, callback, obligation),
+    with an event, in one transaction."""
+    now = timezone.now()
+    with transaction.atomic():
+        Ticket.objects.filter(id=ticket_id).update(
+            updated_at=now, version=F("version") + 1, **fields
+        )
+        append_event(ticket_id=ticket_id, kind=kind, actor=actor, detail=detail)
+
+
+def _on_terminal(*, ticket_id: uuid.UUID) -> None:
+    """Hooks that must happen in the same transaction as a terminal
+    transition, so they are never lost: the callback to ``return_to`` and the
+    delivery of a root ticket. Both are idempotent."""
+    from . import callbacks, delivery  # noqa: PLC0415 - same app, avoids a cycle
+
+    ticket = Ticket.objects.get(id=ticket_id)
+    if ticket.return_to_id is not None and ticket.callback_state == CallbackState.PENDING:
+        callbacks.ensure_callback(source_id=ticket_id)
+    if ticket.parent_id is None:
+        delivery.on_root_terminal(ticket=ticket)
+
+
+def cancel_ticket(*, ticket_id: uuid.UUID, actor: str) -> Ticket:
+    """``queued | waiting -> cancelled``; a running ticket gets an interrupt
+    request and becomes cancelled when its turn is proven stopped."""
+    with transaction.atomic():
+        ticket = Ticket.objects.select_for_update().filter(id=ticket_id).first()
+        if ticket is None:
+            raise NotFound(f"ticket {ticket_id} not found")
+        if ticket.state in (TicketState.QUEUED, TicketState.WAITING):
+            transition(
+                ticket_id=ticket_id,
+                expected=[ticket.state],
+                to=TicketState.CANCELLED,
+                kind="cancelled",
+                actor=actor,
+                error={"code": "cancelled", "detail": f"cancelled by {actor}"},
+            )
+        elif ticket.state == TicketState.RUNNING:
+            if ticket.cancel_requested_at is None:
+                from endpoints import runtime  # noqa: PLC0415
+
+                update_fields(
+                    ticket_id=ticket_id,
+                    kind="cancel_requested",
+                    actor=actor,
+                    cancel_requested_at=timezone.now(),
+                )
+                runtime.request_interrupt(turn_id=ticket.turn_id, reason="cancel", actor=actor)
+        else:
+            raise InvalidTransition(
+                f"ticket {ticket_id} is {ticket.state}: only queued, waiting or running "
+                "tickets can be cancelled",
+                state=ticket.state,
+            )
+    return Ticket.objects.get(id=ticket_id)
