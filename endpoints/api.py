@@ -6,7 +6,7 @@ import uuid
 from typing import Any, Literal
 
 from django.http import HttpRequest
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 from pydantic import ConfigDict
 
 from config.errors import Forbidden, NotFound
@@ -88,7 +88,7 @@ def create_endpoint(request: HttpRequest, payload: EndpointIn):
     require_staff(request)
     fields = payload.model_dump(exclude_none=True)
     endpoint = services.create_endpoint(**fields)
-    return 201, endpoint_payload(endpoint)
+    return Status(201, endpoint_payload(endpoint))
 
 
 @router.get("", response=list[dict])

@@ -758,3 +758,49 @@ def sweep_lost_dispatches() -> list[uuid.UUID]:
         log.warning("re-dispatched %d queued ticket(s) whose messages were lost", len(published))
     return published
 
+
+
+# --- Leaving quarantine (called by recovery decisions only) ------------------------------------
+
+
+def resolve_uncertain_turn(
+    *, turn_id: uuid.UUID, resolution: str, actor: str, evidence: dict[str, Any] | None = None
+) -> None:
+    """Close an ``uncertain`` turn by an owner decision and let its endpoint
+    leave quarantine, in the caller's transaction (the decision's).
+
+    ``resolution`` is ``unresolved`` (finalize/rerun: nobody proved it
+    stopped, the owner accepts the risk) or ``stopped`` (release: the owner
+    gives evidence that it ended). The lock held by the turn is released and
+    the endpoint's oldest queued ticket dispatched after commit.
+    """
+    if resolution not in (TurnState.UNRESOLVED, TurnState.STOPPED):
+        raise ValueError(f"unknown resolution {resolution!r}")
+    from config.errors import InvalidTransition
+
+    turn = Turn.objects.filter(id=turn_id).first()
+    if turn is None:
+        raise StaleTurn(f"turn {turn_id} does not exist", state=None)
+    with transaction.atomic():
+        Ticket.objects.select_for_update().get(id=turn.ticket_id)
+        EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
+        now = timezone.now()
+        fields: dict[str, Any] = {"state": resolution, "ended_at": now}
+        if evidence is not None:
+            fields["stop_evidence"] = {
+                "kind": "owner_evidence", "observed_at": now.isoformat(), "seq": turn.seq,
+                "detail": evidence, "actor": actor,
+            }
+        if not Turn.objects.filter(id=turn_id, state=TurnState.UNCERTAIN).update(**fields):
+            raise InvalidTransition(f"turn {turn_id} is not uncertain", state=turn.state)
+        EndpointLock.objects.filter(endpoint_id=turn.endpoint_id, holder_id=turn_id).update(
+            holder=None, token=None, acquired_at=None
+        )
+        left = Endpoint.objects.filter(
+            id=turn.endpoint_id, state=EndpointState.QUARANTINED
+        ).update(state=EndpointState.AVAILABLE)
+        lifecycle.append_event(
+            ticket_id=turn.ticket_id, kind="turn_resolved", actor=actor, turn_id=turn.id,
+            detail={"resolution": resolution, "endpoint_released": bool(left)},
+        )
+        dispatch_next(endpoint_id=turn.endpoint_id)

@@ -77,8 +77,9 @@ def admit_ticket(
     """Admit one ticket (DESIGN.md flow 1).
 
     1. Check the caps and the dedupe key's shape.
-    2. Fast path (PostgreSQL, no parent): one CTE inserts ticket, event and
-       trace count; a new ticket costs one round trip.
+    2. Fast path (PostgreSQL, a root ticket on a new trace): one statement
+       inserts ticket, event and trace row, atomic on its own (no BEGIN or
+       COMMIT round trips in autocommit); a new ticket costs one round trip.
     3. General path: resolve the endpoint (address or alias), look up
        ``(endpoint, dedupe_key)`` (same input -> duplicate, different -> 409),
        fail closed on quarantine, apply the busy policy and the circuit
@@ -105,6 +106,7 @@ def admit_ticket(
     if (
         connection.vendor == "postgresql"
         and parent_id is None
+        and trace_id is None
         and return_to is None
         and callback_for_id is None
     ):
@@ -113,7 +115,6 @@ def admit_ticket(
             input_json=body.decode(),
             sha=sha,
             dedupe_key=dedupe_key,
-            trace_id=trace_id,
             requester=requester,
             submitted_by_id=submitted_by_id,
             actor=actor,
@@ -137,8 +138,8 @@ def admit_ticket(
 
 
 # The fast path. Inserts only when the endpoint exists, is available and (for
-# a ``reject`` endpoint) idle, and the trace is new or under its hard limit;
-# returns the new ticket's id or NULL, and the trace's count after it.
+# a ``reject`` endpoint) idle; a root ticket starts a new trace, so the circuit
+# breaker has nothing to refuse. Returns the new ticket's id, or no row.
 _FAST_SQL = """
 WITH ep AS (
     SELECT e.id, e.address FROM endpoints_endpoint e
@@ -170,10 +171,8 @@ ev AS (
 tr AS (
     INSERT INTO tickets_trace (id, tickets, max_depth, flagged, created_at)
     SELECT %(trace_id)s, 1, 0, false, %(now)s FROM ins
-    ON CONFLICT (id) DO UPDATE SET tickets = tickets_trace.tickets + 1
-    RETURNING tickets, flagged
 )
-SELECT ins.id, ins.endpoint_id, ep.address, tr.tickets, tr.flagged FROM ins, tr, ep
+SELECT ins.id, ins.endpoint_id, ep.address FROM ins, ep
 """
 
 
@@ -183,7 +182,6 @@ def _admit_fast_pg(
     input_json: str,
     sha: str,
     dedupe_key: str | None,
-    trace_id: str | None,
     requester: dict[str, Any],
     submitted_by_id: int | None,
     actor: str,
@@ -196,25 +194,22 @@ def _admit_fast_pg(
         "dedupe_key": dedupe_key,
         "sha": sha,
         "input": input_json,
-        "trace_id": trace_id or ticket_id.hex,
+        "trace_id": ticket_id.hex,
         "requester": json.dumps(requester),
         "submitted_by_id": submitted_by_id,
         "due": now + timedelta(seconds=settings.OBLIGATION_UPDATE_INTERVAL_S),
         "now": now,
         "actor": actor,
     }
-    with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute(_FAST_SQL, params)
-            row = cur.fetchone()
-        if row is None:
-            return None  # not a plain new ticket: the general path explains why
-        _, endpoint_id, canonical_address, trace_count, flagged = row
-        if trace_count > settings.TRACE_SOFT_LIMIT and not flagged:
-            _check_trace(trace_id=params["trace_id"], count=trace_count, ticket_id=ticket_id)
-        if trace_count > settings.TRACE_HARD_LIMIT:
-            _raise_circuit_open(params["trace_id"])  # rolls the insert back
-        publish(RUN_TICKET, str(ticket_id))
+    # One statement is atomic by itself: no atomic() block, so in autocommit
+    # there is no BEGIN/COMMIT round trip, and the publish below runs at once.
+    with connection.cursor() as cur:
+        cur.execute(_FAST_SQL, params)
+        row = cur.fetchone()
+    if row is None:
+        return None  # not a plain new ticket: the general path explains why
+    _, endpoint_id, canonical_address = row
+    publish(RUN_TICKET, str(ticket_id))
     ticket = Ticket(
         id=ticket_id,
         endpoint_id=endpoint_id,

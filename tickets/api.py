@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Query, Router, Schema, Status
 from pydantic import ConfigDict
 
 from config.errors import Invalid
@@ -93,7 +93,7 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
     if payload.wait_s:
         ticket = wait_for_terminal(selectors.get_ticket(ticket.id), payload.wait_s)
     status = 200 if admitted.duplicate else 201
-    return status, selectors.ticket_payload(ticket, duplicate=admitted.duplicate)
+    return Status(status, selectors.ticket_payload(ticket, duplicate=admitted.duplicate))
 
 
 @router.get("", response=dict)

@@ -1,0 +1,193 @@
+"""Shared fixtures: real PostgreSQL (pytest-django's test database), real
+Redis, and real Celery worker and beat processes for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        raise pytest.UsageError(
+            "the test suite runs against PostgreSQL: use `make test` or set DATABASE_URL"
+        )
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 20.0, interval: float = 0.05,
+             message: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def staff_user(django_user_model):
+    return django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+
+
+@pytest.fixture
+def api_key(staff_user):
+    from console.keys import create_api_key
+
+    _, key = create_api_key(username=staff_user.username)
+    return key
+
+
+@pytest.fixture
+def api(client, api_key):
+    """A Django test client that speaks JSON with a staff API key."""
+
+    class Api:
+        def __init__(self, key):
+            self.key = key
+
+        def _headers(self, headers):
+            return {"HTTP_AUTHORIZATION": f"Bearer {self.key}", **(headers or {})}
+
+        def get(self, path, headers=None, **params):
+            return client.get(f"/api/v1{path}", params, **self._headers(headers))
+
+        def post(self, path, body=None, headers=None, raw=None):
+            data = raw if raw is not None else __import__("json").dumps(body or {})
+            return client.post(f"/api/v1{path}", data, content_type="application/json",
+                               **self._headers(headers))
+
+        def patch(self, path, body=None, headers=None):
+            return client.patch(f"/api/v1{path}", __import__("json").dumps(body or {}),
+                                content_type="application/json", **self._headers(headers))
+
+        def as_key(self, key):
+            return Api(key)
+
+    return Api(api_key)
+
+
+@pytest.fixture
+def make_endpoint(db):
+    from endpoints.services import create_endpoint
+
+    counter = iter(range(10_000))
+
+    def make(address=None, path="endpoints.demo.echo", runner=None, **kw):
+        return create_endpoint(
+            address=address or f"test.ep-{next(counter)}",
+            runner=runner or {"kind": "python", "path": path},
+            **kw,
+        )
+
+    return make
+
+
+# --- Real worker processes -----------------------------------------------------------------
+
+
+def _test_env() -> dict[str, str]:
+    db = settings.DATABASES["default"]
+    env = dict(os.environ)
+    env["DATABASE_URL"] = (
+        f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{connection.settings_dict['NAME']}"
+    )
+    env["CELERY_BROKER_URL"] = settings.CELERY_BROKER_URL
+    env["SWEEP_INTERVAL_S"] = "0.5"
+    env["REDISPATCH_AFTER_S"] = "1"
+    env["DB_CONN_MAX_AGE"] = "0"
+    env["PYTHONPATH"] = str(ROOT)
+    env["C_FORCE_ROOT"] = "1"
+    return env
+
+
+class Processes:
+    """Celery processes started for a test module; stopped (whole process
+    groups) at teardown."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", *args],
+            cwd=ROOT, env=_test_env(), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def worker(self, name: str = "turns", queues: str = "turns,control", concurrency: int = 3,
+               ready_timeout: float = 30.0) -> subprocess.Popen:
+        proc = self.start(
+            name, "worker", "-Q", queues, "-c", str(concurrency), "-n", f"{name}@%h",
+            "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+        )
+        wait_for(lambda: b"ready." in self.log(name), timeout=ready_timeout,
+                 message=f"worker {name} to be ready")
+        return proc
+
+    def beat(self) -> subprocess.Popen:
+        return self.start(
+            "beat", "beat", "--loglevel", "INFO", "-s", str(self.tmp / "beat-schedule")
+        )
+
+    def log(self, name: str) -> bytes:
+        path = self.tmp / f"{name}.log"
+        return path.read_bytes() if path.exists() else b""
+
+    def kill(self, name: str, sig=signal.SIGTERM) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)
+
+
+def purge_broker() -> None:
+    import redis
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+
+
+@pytest.fixture
+def celery_procs(transactional_db, tmp_path):
+    """Start-your-own real Celery processes against the test database."""
+    purge_broker()
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture
+def worker(celery_procs):
+    """One real worker (3 processes) on both queues, and beat with 0.5 s sweeps."""
+    celery_procs.worker()
+    celery_procs.beat()
+    return celery_procs

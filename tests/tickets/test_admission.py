@@ -1,0 +1,258 @@
+"""Admission: dedupe, conflicts, aliases, caps, the bad-input table and the
+race on one key at real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from tickets.admission import admit_ticket
+from tickets.models import Ticket, TicketEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def test_new_ticket_is_queued_with_an_admitted_event(api, make_endpoint):
+    make_endpoint("alpha")
+    resp = api.post("/tickets", {"endpoint": "alpha", "input": {"q": 1}, "dedupe_key": "k1"})
+    assert resp.status_code == 201, resp.content
+    body = resp.json()
+    assert body["state"] == "queued"
+    assert body["duplicate"] is False
+    assert body["endpoint"] == "alpha"
+    assert body["dedupe_key"] == "k1"
+    assert body["depth"] == 0 and body["parent"] is None
+    assert body["obligation"]["state"] == "open"
+    events = list(TicketEvent.objects.filter(ticket_id=body["id"]).values_list("kind", "to_state"))
+    assert events == [("admitted", "queued")]
+
+
+def test_duplicate_key_returns_existing_ticket(api, make_endpoint):
+    make_endpoint("alpha")
+    first = api.post("/tickets", {"endpoint": "alpha", "input": {"q": 1}, "dedupe_key": "k"})
+    again = api.post("/tickets", {"endpoint": "alpha", "input": {"q": 1}, "dedupe_key": "k"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["duplicate"] is True
+    assert Ticket.objects.count() == 1
+
+
+def test_duplicate_is_found_whatever_its_state(api, make_endpoint):
+    make_endpoint("alpha")
+    first = api.post("/tickets", {"endpoint": "alpha", "input": {}, "dedupe_key": "k"}).json()
+    api.post(f"/tickets/{first['id']}/cancel")
+    again = api.post("/tickets", {"endpoint": "alpha", "input": {}, "dedupe_key": "k"})
+    assert again.status_code == 200
+    assert again.json()["state"] == "cancelled" and again.json()["id"] == first["id"]
+
+
+def test_same_key_different_input_is_a_conflict_naming_the_ticket(api, make_endpoint):
+    make_endpoint("alpha")
+    first = api.post("/tickets", {"endpoint": "alpha", "input": {"q": 1}, "dedupe_key": "k"})
+    resp = api.post("/tickets", {"endpoint": "alpha", "input": {"q": 2}, "dedupe_key": "k"})
+    assert resp.status_code == 409
+    assert resp.json()["error"] == "dedupe_conflict"
+    assert resp.json()["ticket"] == first.json()["id"]
+    assert Ticket.objects.count() == 1
+
+
+def test_input_key_order_does_not_make_a_different_input(api, make_endpoint):
+    make_endpoint("alpha")
+    api.post("/tickets", raw='{"endpoint":"alpha","dedupe_key":"k","input":{"a":1,"b":2}}')
+    resp = api.post("/tickets", raw='{"endpoint":"alpha","dedupe_key":"k","input":{"b":2,"a":1}}')
+    assert resp.status_code == 200 and resp.json()["duplicate"] is True
+
+
+def test_alias_converges_on_the_canonical_endpoint(api, make_endpoint):
+    make_endpoint("research.weekly-brief", aliases=["weekly-brief", "brief.v1"])
+    a = api.post("/tickets", {"endpoint": "weekly-brief", "input": {}, "dedupe_key": "w1"})
+    b = api.post("/tickets", {"endpoint": "brief.v1", "input": {}, "dedupe_key": "w1"})
+    c = api.post("/tickets", {"endpoint": "research.weekly-brief", "input": {}, "dedupe_key": "w1"})
+    assert a.status_code == 201 and b.status_code == 200 and c.status_code == 200
+    assert a.json()["id"] == b.json()["id"] == c.json()["id"]
+    assert a.json()["endpoint"] == "research.weekly-brief"
+    assert api.get("/endpoints/brief.v1").json()["address"] == "research.weekly-brief"
+
+
+def test_idempotency_key_header_is_the_dedupe_key(api, make_endpoint):
+    make_endpoint("alpha")
+    first = api.post("/tickets", {"endpoint": "alpha", "input": {}},
+                     headers={"HTTP_IDEMPOTENCY_KEY": "hdr-1"})
+    again = api.post("/tickets", {"endpoint": "alpha", "input": {}, "dedupe_key": "hdr-1"})
+    assert first.json()["dedupe_key"] == "hdr-1"
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    both = api.post("/tickets", {"endpoint": "alpha", "input": {}, "dedupe_key": "other"},
+                    headers={"HTTP_IDEMPOTENCY_KEY": "hdr-1"})
+    assert both.status_code == 400 and both.json()["error"] == "invalid"
+
+
+def test_without_a_key_every_admission_is_new(api, make_endpoint):
+    make_endpoint("alpha")
+    a = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
+    b = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
+    assert a["id"] != b["id"]
+
+
+def test_child_ticket_shares_the_trace_and_deepens(api, make_endpoint):
+    make_endpoint("alpha")
+    root = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
+    child = api.post("/tickets", {"endpoint": "alpha", "input": {}, "parent": root["id"]}).json()
+    assert child["trace_id"] == root["trace_id"] and child["depth"] == 1
+    assert child["obligation"]["state"] == "none"
+    lineage = api.get(f"/tickets/{child['id']}/lineage").json()
+    assert lineage["root"] == root["id"]
+    assert {n["id"] for n in lineage["nodes"]} == {root["id"], child["id"]}
+
+
+BIG = "x" * 70_000
+
+BAD_INPUTS = [
+    # (description, raw body or dict, headers, status, code)
+    ("malformed JSON", "{bad", None, 400, "invalid"),
+    ("body is a list", "[1,2]", None, 422, "invalid"),
+    ("missing endpoint", {"input": {}}, None, 422, "invalid"),
+    ("missing input", {"endpoint": "alpha"}, None, 422, "invalid"),
+    ("input not an object", {"endpoint": "alpha", "input": [1]}, None, 422, "invalid"),
+    ("unknown field", {"endpoint": "alpha", "input": {}, "colour": "red"}, None, 422, "invalid"),
+    ("empty dedupe key", {"endpoint": "alpha", "input": {}, "dedupe_key": ""}, None, 400,
+     "invalid"),
+    ("dedupe key too long", {"endpoint": "alpha", "input": {}, "dedupe_key": "k" * 256}, None,
+     400, "invalid"),
+    ("dedupe key unprintable", {"endpoint": "alpha", "input": {}, "dedupe_key": "a\nb"}, None,
+     400, "invalid"),
+    ("negative wait", {"endpoint": "alpha", "input": {}, "wait_s": -1}, None, 422, "invalid"),
+    ("wait too long", {"endpoint": "alpha", "input": {}, "wait_s": 100000}, None, 400, "invalid"),
+    ("parent not a uuid", {"endpoint": "alpha", "input": {}, "parent": "nope"}, None, 422,
+     "invalid"),
+    ("unknown endpoint", {"endpoint": "nowhere", "input": {}}, None, 404, "not_found"),
+    ("unknown parent", {"endpoint": "alpha", "input": {},
+                        "parent": "01930000-0000-7000-8000-000000000000"}, None, 404,
+     "not_found"),
+    ("unknown return_to", {"endpoint": "alpha", "input": {},
+                           "return_to": {"endpoint": "nowhere"}}, None, 404, "not_found"),
+    ("input over the cap", {"endpoint": "alpha", "input": {"big": BIG}}, None, 413, "too_large"),
+    ("no key", {"endpoint": "alpha", "input": {}}, {"HTTP_AUTHORIZATION": ""}, 401,
+     "unauthenticated"),
+    ("wrong key", {"endpoint": "alpha", "input": {}},
+     {"HTTP_AUTHORIZATION": "Bearer cc_000000000000_nope"}, 401, "unauthenticated"),
+    ("webhook to loopback", {"endpoint": "alpha", "input": {},
+                             "requester": {"webhook_url": "http://127.0.0.1:9/x"}}, None, 400,
+     "invalid"),
+]
+
+
+@pytest.mark.parametrize(("why", "body", "headers", "status", "code"), BAD_INPUTS,
+                         ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_gets_the_documented_error(api, make_endpoint, why, body, headers, status,
+                                            code):
+    make_endpoint("alpha")
+    raw = body if isinstance(body, str) else json.dumps(body)
+    resp = api.post("/tickets", raw=raw, headers=headers)
+    assert resp.status_code == status, resp.content
+    payload = resp.json()
+    assert payload["error"] == code
+    assert payload["detail"]
+    assert Ticket.objects.count() == 0  # nothing half-written
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("get", "/tickets/not-a-uuid", 404, "not_found"),
+        ("get", "/tickets/01930000-0000-7000-8000-000000000000", 404, "not_found"),
+        ("get", "/tickets?limit=0", 400, "invalid"),
+        ("get", "/tickets?limit=abc", 422, "invalid"),
+        ("get", "/tickets?cursor=%%%", 400, "invalid"),
+        ("get", "/tickets?state=bogus", 400, "invalid"),
+        ("get", "/endpoints/nowhere", 404, "not_found"),
+        ("get", "/turns/nope", 404, "not_found"),
+        ("get", "/no/such/route", 404, "not_found"),
+    ],
+)
+def test_read_errors_are_json(api, method, path, status, code):
+    resp = getattr(api, method)(path)
+    assert resp.status_code == status, resp.content
+    assert resp.json()["error"] == code
+
+
+def test_list_is_keyset_paginated_newest_first(api, make_endpoint):
+    make_endpoint("alpha")
+    ids = [api.post("/tickets", {"endpoint": "alpha", "input": {"n": i}}).json()["id"]
+           for i in range(5)]
+    page1 = api.get("/tickets", limit=2, endpoint="alpha").json()
+    assert [t["id"] for t in page1["items"]] == ids[::-1][:2]
+    page2 = api.get("/tickets", limit=2, endpoint="alpha", cursor=page1["next_cursor"]).json()
+    page3 = api.get("/tickets", limit=2, endpoint="alpha", cursor=page2["next_cursor"]).json()
+    assert [t["id"] for t in page2["items"]] == ids[::-1][2:4]
+    assert [t["id"] for t in page3["items"]] == ids[::-1][4:]
+    assert page3["next_cursor"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_identical_admissions_make_one_ticket(make_endpoint):
+    """32 threads, one key, real PostgreSQL: the unique constraint decides;
+    every caller gets the same id."""
+    make_endpoint("race")
+    n = 32
+    barrier = threading.Barrier(n)
+    results: list = [None] * n
+
+    def admit(i: int) -> None:
+        try:
+            barrier.wait()
+            admitted = admit_ticket(endpoint="race", input={"same": True}, dedupe_key="one")
+            results[i] = (str(admitted.ticket.id), admitted.duplicate)
+        except Exception as exc:  # surfaced by the assertions below
+            results[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=admit, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(r, tuple) for r in results), results
+    assert len({r[0] for r in results}) == 1
+    assert sum(1 for r in results if not r[1]) == 1  # exactly one caller created it
+    assert Ticket.objects.filter(dedupe_key="one").count() == 1
+    assert TicketEvent.objects.filter(kind="admitted").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_conflicting_admissions_one_wins_others_conflict(make_endpoint):
+    make_endpoint("race")
+    n = 16
+    barrier = threading.Barrier(n)
+    outcomes: list = [None] * n
+
+    def admit(i: int) -> None:
+        try:
+            barrier.wait()
+            admit_ticket(endpoint="race", input={"i": i}, dedupe_key="contested")
+            outcomes[i] = "created"
+        except Exception as exc:
+            outcomes[i] = getattr(exc, "code", repr(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=admit, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count("created") == 1
+    assert outcomes.count("dedupe_conflict") == n - 1
+    assert Ticket.objects.count() == 1
+
+
+def test_fast_path_is_one_statement_for_a_new_ticket(make_endpoint, django_assert_num_queries):
+    make_endpoint("alpha")
+    assert connection.vendor == "postgresql"
+    # SAVEPOINT/RELEASE are not round trips of their own under atomic() at
+    # the top level; the only statement is the CTE.
+    with django_assert_num_queries(1):
+        admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="fast")
