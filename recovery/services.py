@@ -1,0 +1,362 @@
+"""Recovery: owner-only services for quarantined endpoints (DESIGN.md flow 6).
+
+Inspect first (an immutable snapshot that changes nothing else), then an
+owner decides (``finalize_orphan``, ``authorize_rerun``, ``keep_quarantined``
+or ``release``), then a lesson closes the case. Each service is one
+transaction; a case moves ``open -> decided -> closed`` only by a conditional
+UPDATE on its expected state, and every decision and lesson leaves an event
+on the ticket naming the actor.
+
+Lock order is the runtime's (``Ticket -> EndpointLock -> Turn -> Endpoint``),
+with the case row after the ticket: ``_record_stale`` inserts case evidence
+while holding the ticket lock, so taking the case first could deadlock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from config.errors import DedupeConflict, Forbidden, Invalid, InvalidTransition
+from endpoints.models import TurnState
+from endpoints.runtime import resolve_uncertain_turn
+from endpoints.selectors import is_owner
+from tickets import lifecycle
+from tickets.admission import admit_ticket
+from tickets.ids import new_id
+from tickets.models import Ticket, TicketState
+
+from .models import (
+    CaseEvidence,
+    CaseState,
+    Decision,
+    DecisionAction,
+    Inspection,
+    Lesson,
+    RecoveryCase,
+)
+from .selectors import LATE_STOP_RECEIPT, build_snapshot, get_case, snapshot_sha256
+
+MAX_TEXT = 20_000
+MAX_DEDUPE_KEY = 255
+
+
+def actor_name(user: AbstractBaseUser) -> str:
+    return f"user:{user.get_username()}"
+
+
+def _require_owner(user: AbstractBaseUser | None, case: RecoveryCase, doing: str) -> None:
+    if not is_owner(user, case.endpoint):
+        raise Forbidden(f"only an owner of {case.endpoint.address} may {doing} its recovery case")
+
+
+def _text(value: Any, name: str, *, required: bool = True) -> str:
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise Invalid(f"{name} must be text")
+    value = value.strip()
+    if required and not value:
+        raise Invalid(f"{name} must not be empty")
+    if len(value) > MAX_TEXT:
+        raise Invalid(f"{name} is longer than {MAX_TEXT} characters")
+    return value
+
+
+def _lock_ticket(ticket_id: uuid.UUID) -> Ticket:
+    # A row lock, not a write: every runtime change to this ticket, its turn,
+    # the endpoint lock and the case's evidence waits until we commit.
+    return Ticket.objects.select_for_update().get(id=ticket_id)
+
+
+def _move_case(case_id: uuid.UUID, *, expected: str, to: str, needs: str, **fields: Any) -> None:
+    """``expected -> to`` as one conditional UPDATE; no row means another
+    owner (or an earlier call) got there first, and nothing is written."""
+    if RecoveryCase.objects.filter(id=case_id, state=expected).update(state=to, **fields):
+        return
+    current = RecoveryCase.objects.filter(id=case_id).values_list("state", flat=True).first()
+    raise InvalidTransition(f"case {case_id} is {current}; {needs}", state=current)
+
+
+# --- Inspect ----------------------------------------------------------------------------------
+
+
+def inspect_case(*, case_id: uuid.UUID | str, user: AbstractBaseUser) -> Inspection:
+    """Store an immutable snapshot of everything the owner decides on.
+
+    1. Owner (or staff) only.
+    2. Lock the ticket row (the runtime locks it first for every change the
+       snapshot covers), so the snapshot is one consistent moment.
+    3. Build the snapshot, hash its canonical JSON, insert the inspection.
+    Nothing else is written: no state, no event. The inspection row is the
+    audit record (append-only in the database).
+    """
+    case = get_case(case_id)
+    _require_owner(user, case, "inspect")
+    with transaction.atomic():
+        _lock_ticket(case.ticket_id)
+        case = RecoveryCase.objects.select_related("endpoint", "turn").get(id=case.id)
+        snapshot = build_snapshot(case)
+        inspection = Inspection.objects.create(
+            case=case,
+            actor=user,
+            snapshot=snapshot,
+            sha256=snapshot_sha256(snapshot),
+            created_at=timezone.now(),
+        )
+    return inspection
+
+
+# --- Decide -----------------------------------------------------------------------------------
+
+
+def _inspection_of(case: RecoveryCase, inspection_id: Any) -> Inspection:
+    """A decision rests on an inspection of *this* case; anything else is a
+    bad request (400), not a missing resource."""
+    if inspection_id in (None, ""):
+        raise Invalid("a decision must rest on an inspection of this case: give its id")
+    try:
+        inspection_uuid = uuid.UUID(str(inspection_id))
+    except (ValueError, TypeError, AttributeError):
+        raise Invalid(f"inspection {inspection_id} is not an inspection id") from None
+    inspection = Inspection.objects.filter(id=inspection_uuid, case_id=case.id).first()
+    if inspection is None:
+        raise Invalid(f"inspection {inspection_id} is not an inspection of case {case.id}")
+    return inspection
+
+
+def rerun_key(base: str, n: int) -> str:
+    """The re-run's dedupe key, derived from the original's so a repeated
+    request converges; hashed when it would pass the key's length cap."""
+    key = f"{base}:rerun:{n}"
+    if len(key) > MAX_DEDUPE_KEY:
+        key = f"{hashlib.sha256(base.encode()).hexdigest()}:rerun:{n}"
+    return key
+
+
+def _admit_rerun(*, original: Ticket, address: str, actor: str) -> Ticket:
+    """A new ticket with a new identity: new id, new dedupe key, parent = the
+    original (so the same trace, one deeper, counted by the trace's circuit
+    breaker), same input, endpoint and requester. Admission publishes it
+    after commit like any other ticket."""
+    base = original.dedupe_key or str(original.id)
+    n = (
+        Decision.objects.filter(
+            case__ticket_id=original.id, action=DecisionAction.AUTHORIZE_RERUN
+        ).count()
+        + 1
+    )
+    while Ticket.objects.filter(
+        endpoint_id=original.endpoint_id, dedupe_key=rerun_key(base, n)
+    ).exists():
+        n += 1  # somebody's own ticket already uses the derived key
+    key = rerun_key(base, n)
+    admitted = admit_ticket(
+        endpoint=address,
+        input=original.input,
+        dedupe_key=key,
+        parent_id=original.id,
+        requester=original.requester,
+        submitted_by_id=original.submitted_by_id,
+        actor=actor,
+    )
+    if admitted.duplicate:
+        # Only a concurrent admission with the same key and input gets here:
+        # a re-run must be a new ticket, never somebody else's.
+        raise DedupeConflict(
+            f"dedupe key {key!r} was taken meanwhile by ticket {admitted.ticket.id}",
+            ticket=str(admitted.ticket.id),
+        )
+    return admitted.ticket
+
+
+def decide(
+    *,
+    case_id: uuid.UUID | str,
+    user: AbstractBaseUser,
+    action: str,
+    inspection_id: uuid.UUID | str | None,
+    rationale: str | None,
+    evidence: str | None = "",
+) -> Decision:
+    """Record an owner's decision on an open case and carry it out.
+
+    1. Owner only; a non-empty rationale; ``release`` needs evidence text;
+       the inspection must be one of this case (400 otherwise).
+    2. Lock the ticket, then the case; the case must still be ``open`` (409).
+    3. By action:
+       - ``keep_quarantined``: nothing changes, the case stays open.
+       - ``finalize_orphan``: the uncertain turn is closed ``unresolved``,
+         the endpoint leaves quarantine, ticket ``recovering -> orphaned``
+         with no result.
+       - ``authorize_rerun``: as finalize, plus a re-run ticket (new identity,
+         parent = the original) admitted and dispatched after commit.
+       - ``release``: the turn is closed ``stopped`` on the owner's evidence,
+         the endpoint leaves quarantine, ticket ``recovering -> failed``.
+       Every action but ``keep_quarantined`` moves the case ``open -> decided``.
+    4. Insert the decision and a ``recovery_decision`` event naming the actor.
+    """
+    case = get_case(case_id)
+    _require_owner(user, case, "decide on")
+    if action not in DecisionAction.values:
+        raise Invalid(f"action must be one of {', '.join(DecisionAction.values)}")
+    rationale = _text(rationale, "rationale")
+    evidence = _text(evidence, "evidence", required=action == DecisionAction.RELEASE)
+    inspection = _inspection_of(case, inspection_id)
+    actor = actor_name(user)
+    username = user.get_username()
+    decision_id = new_id()
+    refs = {"case": str(case.id), "decision": str(decision_id)}
+    now = timezone.now()
+
+    with transaction.atomic():
+        ticket = _lock_ticket(case.ticket_id)
+        locked = RecoveryCase.objects.select_for_update(no_key=True).get(id=case.id)
+        if locked.state != CaseState.OPEN:
+            raise InvalidTransition(
+                f"case {case.id} is {locked.state}: only an open case takes decisions",
+                state=locked.state,
+            )
+        seq = case.turn.seq
+        rerun: Ticket | None = None
+
+        if action == DecisionAction.RELEASE:
+            late_receipt = CaseEvidence.objects.filter(
+                case_id=case.id, kind=LATE_STOP_RECEIPT, seq=seq
+            ).exists()
+            resolve_uncertain_turn(
+                turn_id=case.turn_id,
+                resolution=TurnState.STOPPED,
+                actor=actor,
+                evidence={"text": evidence, "late_stop_receipt": late_receipt, **refs},
+            )
+            lifecycle.transition(
+                ticket_id=ticket.id,
+                expected=[TicketState.RECOVERING],
+                to=TicketState.FAILED,
+                kind="released",
+                actor=actor,
+                turn_id=case.turn_id,
+                detail=refs,
+                error={
+                    "code": "released",
+                    "detail": f"released by owner {username} after evidence that turn {seq} "
+                    "ended; its outcome was not accepted",
+                    **refs,
+                },
+            )
+        elif action in (DecisionAction.FINALIZE_ORPHAN, DecisionAction.AUTHORIZE_RERUN):
+            resolve_uncertain_turn(
+                turn_id=case.turn_id, resolution=TurnState.UNRESOLVED, actor=actor
+            )
+            if action == DecisionAction.AUTHORIZE_RERUN:
+                rerun = _admit_rerun(original=ticket, address=case.endpoint.address, actor=actor)
+                refs["rerun_ticket"] = str(rerun.id)
+            lifecycle.transition(
+                ticket_id=ticket.id,
+                expected=[TicketState.RECOVERING],
+                to=TicketState.ORPHANED,
+                kind="orphaned",
+                actor=actor,
+                turn_id=case.turn_id,
+                detail=refs,
+                # No result: nobody knows what the uncertain turn did, and a
+                # response is never invented.
+                error={
+                    "code": "orphaned",
+                    "detail": f"finalized by owner {username}: turn {seq} could not be "
+                    "proven stopped and its outcome is unknown",
+                    **refs,
+                },
+            )
+
+        if action != DecisionAction.KEEP_QUARANTINED:
+            _move_case(
+                case.id,
+                expected=CaseState.OPEN,
+                to=CaseState.DECIDED,
+                needs="only an open case takes decisions",
+                decided_at=now,
+            )
+        decision = Decision.objects.create(
+            id=decision_id,
+            case_id=case.id,
+            actor=user,
+            action=action,
+            rationale=rationale,
+            evidence=evidence,
+            inspection=inspection,
+            rerun_ticket=rerun,
+            created_at=now,
+        )
+        newer_evidence = CaseEvidence.objects.filter(
+            case_id=case.id, at__gt=inspection.created_at
+        ).count()
+        lifecycle.append_event(
+            ticket_id=ticket.id,
+            kind="recovery_decision",
+            actor=actor,
+            turn_id=case.turn_id,
+            detail={
+                **refs,
+                "action": action,
+                "inspection": str(inspection.id),
+                "inspection_sha256": inspection.sha256,
+                # Evidence that arrived after the inspection the decision rests
+                # on: the owner did not see it.
+                "evidence_since_inspection": newer_evidence,
+            },
+        )
+    return decision
+
+
+# --- Lesson -----------------------------------------------------------------------------------
+
+
+def write_lesson(
+    *,
+    case_id: uuid.UUID | str,
+    user: AbstractBaseUser,
+    what_failed: str | None,
+    evidence: str | None,
+    prevention: str | None,
+) -> Lesson:
+    """What failed, what evidence made the diagnosis possible, what would
+    prevent it: the case goes ``decided -> closed``. A case that only has
+    ``keep_quarantined`` decisions is still open and takes no lesson yet."""
+    case = get_case(case_id)
+    _require_owner(user, case, "write the lesson of")
+    what_failed = _text(what_failed, "what_failed")
+    evidence = _text(evidence, "evidence")
+    prevention = _text(prevention, "prevention")
+    actor = actor_name(user)
+    now = timezone.now()
+    with transaction.atomic():
+        _move_case(
+            case.id,
+            expected=CaseState.DECIDED,
+            to=CaseState.CLOSED,
+            needs="a lesson closes a decided case",
+            closed_at=now,
+        )
+        lesson = Lesson.objects.create(
+            case_id=case.id,
+            actor=user,
+            what_failed=what_failed,
+            evidence=evidence,
+            prevention=prevention,
+            created_at=now,
+        )
+        lifecycle.append_event(
+            ticket_id=case.ticket_id,
+            kind="lesson_written",
+            actor=actor,
+            turn_id=case.turn_id,
+            detail={"case": str(case.id), "lesson": str(lesson.id)},
+        )
+    return lesson
