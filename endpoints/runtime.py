@@ -85,11 +85,13 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
     )
     if endpoint_id is None:
         return None  # unknown or no longer queued: a duplicate message
-    now = timezone.now()
     with transaction.atomic():
         lock = EndpointLock.objects.select_for_update().get(endpoint_id=endpoint_id)
         if lock.holder_id is not None:
             return None
+        # Read the clock only once the lock is ours: the turn's interval then
+        # lies inside the lock's tenure.
+        now = timezone.now()
         ticket = (
             Ticket.objects.select_for_update(skip_locked=True)
             .filter(endpoint_id=endpoint_id, state=TicketState.QUEUED)

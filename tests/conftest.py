@@ -123,12 +123,12 @@ class Processes:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", *args],
-            cwd=ROOT, env=_test_env(), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(self.tmp / f"{name}.log", "ab") as log:  # the child keeps its own copy
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "config", *args],
+                cwd=ROOT, env=_test_env(), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs[name] = proc
         return proc
 
@@ -157,7 +157,7 @@ class Processes:
             return
         try:
             os.killpg(proc.pid, sig)
-            proc.wait(timeout=15)
+            proc.wait(timeout=8)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -173,7 +173,15 @@ class Processes:
 def purge_broker() -> None:
     import redis
 
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+    with redis.Redis.from_url(settings.CELERY_BROKER_URL) as client:
+        client.flushdb()
+
+
+def broker_queue_length(queue: str) -> int:
+    import redis
+
+    with redis.Redis.from_url(settings.CELERY_BROKER_URL) as client:
+        return client.llen(queue)
 
 
 @pytest.fixture

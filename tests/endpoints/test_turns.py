@@ -1,0 +1,266 @@
+"""The turn runtime with a real Celery worker against PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from config.celery import app as celery_app
+from config.dispatch import RUN_TICKET
+from endpoints.models import Endpoint, EndpointLock, Turn
+from tests.conftest import broker_queue_length, purge_broker, wait_for
+from tickets.admission import admit_ticket
+from tickets.models import Ticket, TicketEvent
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def terminal(ids):
+    def check():
+        rows = Ticket.objects.filter(id__in=ids).values_list("state", flat=True)
+        return all(s in ("succeeded", "failed", "cancelled", "orphaned") for s in rows)
+
+    return check
+
+
+def test_twenty_tickets_on_one_endpoint_never_overlap(worker, make_endpoint):
+    make_endpoint("serial", path="endpoints.demo.sleep")
+    ids = [
+        admit_ticket(endpoint="serial", input={"seconds": 0.05, "n": i}).ticket.id
+        for i in range(20)
+    ]
+    wait_for(terminal(ids), timeout=60, message="20 tickets to finish")
+    turns = list(Turn.objects.filter(ticket_id__in=ids).order_by("seq"))
+    assert len(turns) == 20
+    assert all(t.state == "completed" for t in turns)
+    seqs = [t.seq for t in turns]
+    assert seqs == sorted(set(seqs)) and seqs == list(range(seqs[0], seqs[0] + 20))
+    for earlier, later in zip(turns, turns[1:], strict=False):
+        # The exclusive lock: each turn ended before the next one started.
+        assert earlier.ended_at <= later.started_at, (earlier.seq, later.seq)
+    # FIFO per endpoint: tickets ran in admission order.
+    assert [t.ticket_id for t in turns] == ids
+    # 3 worker processes really took part.
+    assert len({t.worker["pid"] for t in turns}) >= 2
+    assert EndpointLock.objects.get(endpoint__address="serial").holder_id is None
+
+
+def test_same_ticket_published_twice_runs_once(celery_procs, make_endpoint):
+    make_endpoint("twice", path="endpoints.demo.echo")
+    ticket = admit_ticket(endpoint="twice", input={"x": 1}).ticket
+    for _ in range(3):  # two more copies of the same dispatch message
+        celery_app.send_task(RUN_TICKET, args=[str(ticket.id)])
+    celery_procs.worker()
+    wait_for(terminal([ticket.id]), message="the ticket to finish")
+    # Give the duplicates time to be consumed: wait until the broker is empty.
+    wait_for(lambda: broker_queue_length("turns") == 0, message="the broker queue to drain")
+    wait_for(lambda: celery_procs.log("turns").count(b"succeeded in") >= 4, timeout=20,
+             message="all four messages to be processed")
+    assert Turn.objects.filter(ticket=ticket).count() == 1
+    assert TicketEvent.objects.filter(ticket=ticket, kind="turn_started").count() == 1
+    assert Ticket.objects.get(id=ticket.id).result == {"echo": {"x": 1}}
+
+
+def test_queued_tickets_whose_messages_were_lost_still_complete(celery_procs, make_endpoint):
+    make_endpoint("lost", path="endpoints.demo.echo")
+    ids = [admit_ticket(endpoint="lost", input={"n": i}).ticket.id for i in range(5)]
+    purge_broker()  # the broker forgot every dispatch message
+    celery_procs.worker()
+    celery_procs.beat()
+    wait_for(terminal(ids), timeout=40, message="re-dispatched tickets to finish")
+    assert set(Ticket.objects.filter(id__in=ids).values_list("state", flat=True)) == {"succeeded"}
+
+
+class Agent:
+    """A remote agent on 127.0.0.1: accepts a turn (202) and answers later."""
+
+    def __init__(self):
+        self.envelopes: list[dict] = []
+        self.cancels: list[dict] = []
+        agent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                (agent.cancels if self.path == "/cancel" else agent.envelopes).append(body)
+                self.send_response(202)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def agent():
+    a = Agent()
+    yield a
+    a.close()
+
+
+def test_stale_seq_is_refused_and_changes_nothing(worker, make_endpoint, api, agent):
+    make_endpoint("remote", runner={"kind": "http", "url": f"{agent.url}/turn",
+                                    "cancel_url": f"{agent.url}/cancel"})
+    ticket = admit_ticket(endpoint="remote", input={"ask": "later"}).ticket
+    wait_for(lambda: agent.envelopes, message="the agent to receive the turn")
+    env = agent.envelopes[0]
+    turn_id, seq = env["turn"]["id"], env["turn"]["seq"]
+    assert env["ticket"]["id"] == str(ticket.id)
+    before = Ticket.objects.get(id=ticket.id)
+
+    hb = api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq})
+    assert hb.status_code == 200 and hb.json()["interrupt_requested"] is False
+
+    stale = api.post(f"/turns/{turn_id}/result", {"seq": seq + 7, "result": {"forged": True}})
+    assert stale.status_code == 409 and stale.json()["error"] == "stale_turn"
+    after = Ticket.objects.get(id=ticket.id)
+    assert (after.state, after.result, after.version) == ("running", None, before.version)
+    assert TicketEvent.objects.filter(ticket=ticket, kind="stale_outcome").count() == 1
+    assert api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq - 1}).status_code == 409
+
+    ok = api.post(f"/turns/{turn_id}/result", {"seq": seq, "result": {"answer": 42}})
+    assert ok.status_code == 200, ok.content
+    done = api.get(f"/tickets/{ticket.id}").json()
+    assert done["state"] == "succeeded" and done["result"] == {"answer": 42}
+    assert done["turn"] == {"id": turn_id, "seq": seq, "state": "completed"}
+    # The same result again is now late: refused, nothing changes.
+    again = api.post(f"/turns/{turn_id}/result", {"seq": seq, "result": {"answer": 43}})
+    assert again.status_code == 409
+    assert Ticket.objects.get(id=ticket.id).result == {"answer": 42}
+
+
+GROUP_SCRIPT = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    sys.stdin.read()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(sys.argv[1], "w") as f:
+        json.dump({"leader": os.getpid(), "child": child.pid}, f)
+    time.sleep(120)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0): look at its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_command_runner_interrupt_stops_its_whole_process_group(worker, make_endpoint,
+                                                               tmp_path):
+    script = tmp_path / "group.py"
+    script.write_text(GROUP_SCRIPT)
+    pids = tmp_path / "pids.json"
+    make_endpoint("cmd", runner={"kind": "command",
+                                 "argv": [sys.executable, str(script), str(pids)]},
+                  turn_budget_s=1.5, interrupt_grace_s=8)
+    ticket = admit_ticket(endpoint="cmd", input={}).ticket
+    wait_for(pids.exists, message="the command to start")
+    wait_for(lambda: pids.read_text().strip(), message="the pid file")
+    procs = json.loads(pids.read_text())
+    wait_for(terminal([ticket.id]), timeout=30, message="the interrupted turn to stop")
+    t = Ticket.objects.get(id=ticket.id)
+    assert t.state == "failed" and t.error["code"] == "timed_out"
+    turn = Turn.objects.get(ticket=ticket)
+    assert turn.state == "stopped"
+    assert turn.stop_evidence["kind"] == "process_exit"
+    assert turn.stop_evidence["detail"]["signal"] == "SIGTERM"
+    assert turn.stop_evidence["seq"] == turn.seq
+    wait_for(lambda: not _alive(procs["leader"]) and not _alive(procs["child"]), timeout=10,
+             message="leader and grandchild to be gone")
+    assert Endpoint.objects.get(address="cmd").state == "available"
+
+
+def test_bad_command_output_is_a_clear_failure(worker, make_endpoint):
+    make_endpoint("badcmd", runner={"kind": "command",
+                                    "argv": [sys.executable, "-c", "print('not json')"]})
+    ticket = admit_ticket(endpoint="badcmd", input={}).ticket
+    wait_for(terminal([ticket.id]), message="the command ticket to fail")
+    t = Ticket.objects.get(id=ticket.id)
+    assert t.state == "failed" and t.error["code"] == "bad_output"
+    assert "not json" in t.error["stdout_head"]
+
+
+def test_command_runner_result_and_history(worker, make_endpoint):
+    code = ("import json,sys; env=json.load(sys.stdin); "
+            "print(json.dumps({'result': {'n': len(env['history']), "
+            "'got': env['ticket']['input']}}))")
+    make_endpoint("hist", runner={"kind": "command", "argv": [sys.executable, "-c", code]})
+    first = admit_ticket(endpoint="hist", input={"a": 1}).ticket
+    wait_for(terminal([first.id]), message="first")
+    second = admit_ticket(endpoint="hist", input={"a": 2}).ticket
+    wait_for(terminal([second.id]), message="second")
+    assert Ticket.objects.get(id=first.id).result == {"n": 0, "got": {"a": 1}}
+    assert Ticket.objects.get(id=second.id).result == {"n": 1, "got": {"a": 2}}
+
+
+def test_demo_endpoints_work_through_the_worker(worker, api):
+    from django.core.management import call_command
+
+    call_command("seed_demo", stdout=io.StringIO(), stderr=io.StringIO())
+    echo = api.post("/tickets", {"endpoint": "demo.echo", "input": {"hi": 1}, "wait_s": 15})
+    assert echo.json()["state"] == "succeeded" and echo.json()["result"] == {"echo": {"hi": 1}}
+    fail = api.post("/tickets", {"endpoint": "demo.fail", "input": {}, "wait_s": 15})
+    assert fail.json()["state"] == "failed" and fail.json()["error"]["code"] == "runner_raised"
+    slp = api.post("/tickets", {"endpoint": "demo.sleep", "input": {"seconds": 0.2},
+                                "wait_s": 15})
+    assert slp.json()["state"] == "succeeded" and slp.json()["result"]["interrupted"] is False
+
+
+def test_wait_s_returns_within_its_bound(worker, api, make_endpoint):
+    import time
+
+    make_endpoint("slow", path="endpoints.demo.sleep")
+    started = time.monotonic()
+    resp = api.post("/tickets", {"endpoint": "slow", "input": {"seconds": 5}, "wait_s": 0.5})
+    elapsed = time.monotonic() - started
+    assert resp.status_code == 201
+    assert resp.json()["state"] in ("queued", "running")
+    assert elapsed < 1.5
+
+
+def test_busy_policy_reject(worker, api, make_endpoint):
+    make_endpoint("solo", path="endpoints.demo.sleep", busy_policy="reject")
+    first = api.post("/tickets", {"endpoint": "solo", "input": {"seconds": 3}}).json()
+    wait_for(lambda: Ticket.objects.get(id=first["id"]).state == "running", message="running")
+    resp = api.post("/tickets", {"endpoint": "solo", "input": {"seconds": 0}})
+    assert resp.status_code == 409 and resp.json()["error"] == "endpoint_busy"
+
+
+def test_cancel_queued_running_and_finished(worker, api, make_endpoint):
+    make_endpoint("cancel", path="endpoints.demo.sleep")
+    running = api.post("/tickets", {"endpoint": "cancel", "input": {"seconds": 30}}).json()
+    queued = api.post("/tickets", {"endpoint": "cancel", "input": {"seconds": 0}}).json()
+    wait_for(lambda: Ticket.objects.get(id=running["id"]).state == "running", message="running")
+    c1 = api.post(f"/tickets/{queued['id']}/cancel")
+    assert c1.status_code == 200 and c1.json()["state"] == "cancelled"
+    c2 = api.post(f"/tickets/{running['id']}/cancel")
+    assert c2.status_code == 200 and c2.json()["state"] == "running"
+    wait_for(lambda: Ticket.objects.get(id=running["id"]).state == "cancelled", timeout=15,
+             message="the running ticket to stop and be cancelled")
+    assert Turn.objects.get(ticket_id=running["id"]).state == "stopped"
+    c3 = api.post(f"/tickets/{running['id']}/cancel")
+    assert c3.status_code == 409 and c3.json()["error"] == "invalid_transition"
+    assert c3.json()["state"] == "cancelled"
