@@ -1,0 +1,248 @@
+"""Time budgets: interrupt the exact turn; quarantine when it cannot be
+proven stopped. Real worker, real beat (0.5 s sweeps), real PostgreSQL."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from django.db import connections
+
+from endpoints import runtime
+from endpoints.models import Endpoint, EndpointLock, Turn
+from recovery.models import CaseEvidence, RecoveryCase
+from tests.conftest import wait_for
+from tickets.admission import admit_ticket
+from tickets.models import Ticket, TicketEvent
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def state_of(ticket_id) -> str:
+    return Ticket.objects.get(id=ticket_id).state
+
+
+@pytest.mark.integration
+def test_sleep_over_budget_stops_cooperatively_and_the_next_ticket_runs(worker, make_endpoint):
+    make_endpoint("nap", path="endpoints.demo.sleep", turn_budget_s=1, interrupt_grace_s=5)
+    slow = admit_ticket(endpoint="nap", input={"seconds": 60}).ticket
+    quick = admit_ticket(endpoint="nap", input={"seconds": 0}).ticket
+    wait_for(lambda: state_of(slow.id) == "failed", timeout=20, message="the slow turn to stop")
+    t = Ticket.objects.get(id=slow.id)
+    assert t.error["code"] == "timed_out"
+    turn = Turn.objects.get(ticket=slow)
+    assert turn.state == "stopped" and turn.interrupt_reason == "deadline"
+    assert turn.stop_evidence["kind"] == "runner_returned"
+    assert turn.stop_evidence["seq"] == turn.seq
+    wait_for(lambda: state_of(quick.id) == "succeeded", timeout=20, message="the next ticket")
+    assert Endpoint.objects.get(address="nap").state == "available"
+    assert not RecoveryCase.objects.exists()
+
+
+@pytest.mark.integration
+def test_stuck_over_budget_is_quarantined_and_fails_closed(worker, make_endpoint, api):
+    make_endpoint("glue", path="endpoints.demo.stuck", turn_budget_s=1, interrupt_grace_s=1)
+    stuck = api.post("/tickets", {"endpoint": "glue", "input": {"seconds": 6},
+                                  "dedupe_key": "s1"}).json()
+    queued = api.post("/tickets", {"endpoint": "glue", "input": {"seconds": 0}}).json()
+    case = wait_for(lambda: RecoveryCase.objects.filter(endpoint__address="glue").first(),
+                    timeout=20, message="a recovery case")
+    assert case.state == "open" and str(case.ticket_id) == stuck["id"]
+    assert "no stop evidence" in case.reason
+    assert state_of(stuck["id"]) == "recovering"
+    turn = Turn.objects.get(ticket_id=stuck["id"])
+    assert turn.state == "uncertain"
+    # The uncertain turn keeps the lock: nothing else may touch the context.
+    assert EndpointLock.objects.get(endpoint__address="glue").holder_id == turn.id
+    endpoint = api.get("/endpoints/glue").json()
+    assert endpoint["state"] == "quarantined" and endpoint["open_case"] == str(case.id)
+
+    refused = api.post("/tickets", {"endpoint": "glue", "input": {"seconds": 0}})
+    assert refused.status_code == 423
+    assert refused.json()["error"] == "endpoint_quarantined"
+    assert refused.json()["case"] == str(case.id)
+    # A duplicate of an existing ticket still finds that ticket.
+    dup = api.post("/tickets", {"endpoint": "glue", "input": {"seconds": 6}, "dedupe_key": "s1"})
+    assert dup.status_code == 200 and dup.json()["id"] == stuck["id"]
+
+    # The stuck callable returns after ~6 s: a late result, stored as evidence
+    # on the case and applied to nothing.
+    wait_for(lambda: CaseEvidence.objects.filter(case=case).exists(), timeout=20,
+             message="the late result as evidence")
+    ev = CaseEvidence.objects.get(case=case)
+    assert ev.seq == turn.seq and ev.kind.startswith("late_")
+    # Quarantine holds over many sweep intervals (0.5 s each), whatever arrives.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert Endpoint.objects.get(address="glue").state == "quarantined"
+        assert state_of(queued["id"]) == "queued"  # never dispatched
+        assert state_of(stuck["id"]) == "recovering"
+        time.sleep(0.25)
+    assert Turn.objects.get(id=turn.id).state == "uncertain"
+    assert RecoveryCase.objects.filter(endpoint__address="glue").count() == 1
+
+
+@pytest.mark.integration
+def test_worker_killed_mid_turn_ends_in_quarantine_without_replay(celery_procs, make_endpoint):
+    # Sweeps and beat live apart from the worker that dies.
+    celery_procs.worker("control", queues="control", concurrency=1)
+    celery_procs.beat()
+    celery_procs.worker("turns", queues="turns", concurrency=1)
+    make_endpoint("fragile", path="endpoints.demo.sleep", heartbeat_timeout_s=1.5,
+                  interrupt_grace_s=1, turn_budget_s=300)
+    ticket = admit_ticket(endpoint="fragile", input={"seconds": 120}).ticket
+    wait_for(lambda: state_of(ticket.id) == "running", message="the turn to start")
+    celery_procs.kill("turns", sig=signal.SIGKILL)
+    case = wait_for(lambda: RecoveryCase.objects.filter(ticket=ticket).first(), timeout=20,
+                    message="quarantine after the heartbeat went stale")
+    turn = Turn.objects.get(ticket=ticket)
+    assert turn.state == "uncertain" and turn.interrupt_reason == "heartbeat"
+    assert "heartbeat" in case.reason
+    # A new worker comes up: no automatic replay of the uncertain ticket.
+    celery_procs.worker("turns2", queues="turns", concurrency=1)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert state_of(ticket.id) == "recovering"
+        time.sleep(0.25)
+    running = TicketEvent.objects.filter(ticket=ticket, to_state="running")
+    assert running.count() == 1
+    assert Turn.objects.filter(ticket=ticket).count() == 1
+
+
+SIGTERM_IGNORER = textwrap.dedent(
+    """
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.stdin.read()
+    time.sleep(120)
+    """
+)
+
+
+@pytest.mark.integration
+def test_command_that_ignores_sigterm_is_killed_and_its_exit_is_evidence(worker, make_endpoint,
+                                                                       tmp_path):
+    script = tmp_path / "ignore.py"
+    script.write_text(SIGTERM_IGNORER)
+    make_endpoint("deaf", runner={"kind": "command", "argv": [sys.executable, str(script)],
+                                  "kill_after_s": 1},
+                  turn_budget_s=1, interrupt_grace_s=6)
+    ticket = admit_ticket(endpoint="deaf", input={}).ticket
+    wait_for(lambda: state_of(ticket.id) == "failed", timeout=25, message="the kill")
+    turn = Turn.objects.get(ticket=ticket)
+    assert turn.state == "stopped"
+    evidence = turn.stop_evidence
+    assert evidence["kind"] == "process_exit"
+    assert evidence["detail"]["signals_sent"] == ["SIGTERM", "SIGKILL"]
+    assert evidence["detail"]["signal"] == "SIGKILL"
+    assert Endpoint.objects.get(address="deaf").state == "available"
+
+
+# --- Sweeps against real PostgreSQL, in-process -----------------------------------------------
+
+
+def _running_turn(make_endpoint, **kw):
+    endpoint = make_endpoint(path="endpoints.demo.sleep", **kw)
+    ticket = admit_ticket(endpoint=endpoint.address, input={}).ticket
+    started = runtime.start_turn(ticket_id=ticket.id)
+    assert started is not None
+    return started.turn
+
+
+def _past_grace(turn):
+    """Poll until the turn's interrupt grace has run out."""
+
+    def elapsed():
+        t = Turn.objects.select_related("endpoint").get(id=turn.id)
+        grace = runtime.timedelta(seconds=t.endpoint.interrupt_grace_s)
+        return runtime.timezone.now() > t.interrupt_requested_at + grace
+
+    wait_for(elapsed, timeout=5, message="the grace period to run out")
+
+
+def _concurrently(fn, n=2):
+    barrier = threading.Barrier(n)
+    results = [None] * n
+
+    def run(i):
+        try:
+            barrier.wait()
+            results[i] = fn()
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_two_concurrent_sweeps_make_one_interrupt_and_one_case(make_endpoint):
+    turn = _running_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
+    wait_for(lambda: runtime.timezone.now() > Turn.objects.get(id=turn.id).deadline_at,
+             message="the deadline to pass")
+    for _ in range(3):
+        _concurrently(runtime.sweep_budgets)
+    interrupts = TicketEvent.objects.filter(ticket_id=turn.ticket_id, kind="interrupt_requested")
+    assert interrupts.count() == 1
+    wait_for(lambda: (
+        _concurrently(runtime.sweep_budgets) and RecoveryCase.objects.filter(turn=turn).exists()
+    ), timeout=5, message="a case")
+    for _ in range(3):
+        _concurrently(runtime.sweep_budgets)
+    assert RecoveryCase.objects.filter(endpoint_id=turn.endpoint_id).count() == 1
+    assert Turn.objects.get(id=turn.id).state == "uncertain"
+
+
+def test_racing_transitions_without_the_advisory_lock_still_act_once(make_endpoint):
+    turn = _running_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
+    results = _concurrently(
+        lambda: runtime.request_interrupt(turn_id=turn.id, reason="deadline", actor="t"), n=4
+    )
+    assert sorted(results) == [False, False, False, True]
+    _past_grace(turn)
+    cases = _concurrently(lambda: runtime.quarantine_turn(turn_id=turn.id), n=4)
+    assert len([c for c in cases if c is not None]) == 1
+    assert RecoveryCase.objects.filter(turn=turn).count() == 1
+
+
+def test_nothing_but_an_owner_decision_clears_quarantine(make_endpoint):
+    turn = _running_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
+    runtime.request_interrupt(turn_id=turn.id, reason="deadline", actor="t")
+    _past_grace(turn)
+    case = runtime.quarantine_turn(turn_id=turn.id)
+    assert case is not None
+    # A later heartbeat, a late stop receipt, more sweeps: nothing clears it.
+    assert runtime.heartbeat(turn_id=turn.id, seq=turn.seq).current is False
+    late = runtime.finish_turn(turn_id=turn.id, seq=turn.seq,
+                               outcome=runtime.Outcome.stopped("agent_stop_receipt"),
+                               source="api")
+    assert late.accepted is False
+    runtime.sweep_budgets()
+    runtime.sweep_lost_dispatches()
+    assert Endpoint.objects.get(id=turn.endpoint_id).state == "quarantined"
+    assert Turn.objects.get(id=turn.id).state == "uncertain"
+    assert CaseEvidence.objects.filter(case_id=case, kind="late_stopped").count() == 1
+
+
+def test_a_quarantined_endpoint_admits_and_starts_nothing(make_endpoint):
+    turn = _running_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
+    address = turn.endpoint.address
+    waiting = admit_ticket(endpoint=address, input={"before": True}).ticket
+    runtime.request_interrupt(turn_id=turn.id, reason="deadline", actor="t")
+    _past_grace(turn)
+    runtime.quarantine_turn(turn_id=turn.id)
+    from config.errors import EndpointQuarantined
+
+    with pytest.raises(EndpointQuarantined):
+        admit_ticket(endpoint=address, input={"after": True})
+    assert Ticket.objects.filter(endpoint__address=address).count() == 2
+    # The ticket queued before quarantine is never started.
+    assert runtime.start_turn(ticket_id=waiting.id) is None
+    assert state_of(waiting.id) == "queued"
