@@ -7,4 +7,18 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.dashboard, name="dashboard"),
+    path("tickets/", views.ticket_list, name="ticket_list"),
+    path("tickets/<uuid:ticket_id>/", views.ticket_detail, name="ticket_detail"),
+    path("tickets/<uuid:ticket_id>/approve/", views.ticket_approve, name="ticket_approve"),
+    # A trace id is any 1 to 64 printable characters, "/" included.
+    path("traces/<path:trace_id>/", views.trace_detail, name="trace_detail"),
+    path("endpoints/", views.endpoint_list, name="endpoint_list"),
+    path("endpoints/<str:address>/", views.endpoint_detail, name="endpoint_detail"),
+    path("recovery/", views.case_list, name="case_list"),
+    path("recovery/<uuid:case_id>/", views.case_detail, name="case_detail"),
+    path("recovery/<uuid:case_id>/inspections/", views.case_inspect, name="case_inspect"),
+    path("recovery/<uuid:case_id>/decisions/", views.case_decide, name="case_decide"),
+    path("recovery/<uuid:case_id>/lesson/", views.case_lesson, name="case_lesson"),
+    path("lessons/", views.lesson_list, name="lesson_list"),
+    path("obligations/", views.obligation_list, name="obligation_list"),
 ]

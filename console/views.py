@@ -1,21 +1,383 @@
-"""Operator console: plain function views; authorisation lives here."""
+"""Operator console: plain function views.
+
+Reads go through selectors, writes through one service call each; no view
+sets a state field. Authorisation lives here, in the view, never only in a
+template: htmx can ask for any region, and a POST can come from anywhere.
+
+Each page is one template; its live region is a ``{% partialdef %}`` that
+the view renders alone (``page.html#region``) when htmx asks for it.
+"""
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+import uuid
 
-from endpoints.models import Endpoint
-from tickets.models import Ticket
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_POST
+
+from config.errors import DomainError, NotFound
+from endpoints.api import endpoint_payload
+from endpoints.selectors import is_owner, resolve_endpoint
+from recovery import services as recovery_services
+from recovery.models import CaseState
+from tickets import delivery
+from tickets import selectors as ticket_selectors
+from tickets.models import DeliveryState, TicketState
+
+from . import selectors
+from .forms import DecisionForm, LessonForm
+
+TICKETS_PAGE = 50
+
+# A submission the service refused (or the form rejected) is answered 422 with
+# the reason in the form's region; htmx is configured in base.html to swap 422.
+REFUSED = 422
+
+
+def page(
+    request: HttpRequest,
+    template: str,
+    context: dict,
+    *,
+    region: str | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """The whole page, or only ``region`` when htmx swaps it in. A history
+    restore (back button after the cache expired) needs the whole page. The
+    flash messages ride along as an out-of-band swap so they show at once."""
+    if region and request.htmx and not request.htmx.history_restore_request:
+        response = render(request, f"{template}#{region}", context, status=status)
+        response.write(render_to_string("console/_messages.html", {"oob": True}, request=request))
+    else:
+        response = render(request, template, context, status=status)
+    # The same URL answers with a region or a page: caches must keep both.
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+# --- Dashboard ---------------------------------------------------------------------------------
 
 
 @login_required
 def dashboard(request):
-    return render(
+    counts = selectors.ticket_state_counts()
+    return page(
         request,
         "console/dashboard.html",
         {
-            "endpoints": Endpoint.objects.order_by("address"),
-            "recent": Ticket.objects.select_related("endpoint").order_by("-id")[:20],
+            "section": "dashboard",
+            "counts": counts,
+            "count_cap": selectors.STATE_COUNT_CAP,
+            "quarantined": selectors.quarantined_endpoints(),
+            "overdue": selectors.overdue_obligations(),
+            "recent": selectors.recent_tickets(),
         },
+        region="live",
+    )
+
+
+# --- Tickets -----------------------------------------------------------------------------------
+
+
+@login_required
+def ticket_list(request):
+    filters = {
+        "endpoint": request.GET.get("endpoint", "").strip(),
+        "state": request.GET.get("state", "").strip(),
+        "trace_id": request.GET.get("trace_id", "").strip(),
+    }
+    cursor = request.GET.get("cursor", "").strip() or None
+    rows, next_cursor, error = [], None, None
+    try:
+        endpoint_id = resolve_endpoint(filters["endpoint"]).id if filters["endpoint"] else None
+        rows, next_cursor = ticket_selectors.list_tickets(
+            endpoint_id=endpoint_id,
+            state=filters["state"] or None,
+            trace_id=filters["trace_id"] or None,
+            limit=TICKETS_PAGE,
+            cursor=cursor,
+        )
+    except DomainError as exc:
+        error = exc.detail
+    return page(
+        request,
+        "console/ticket_list.html",
+        {
+            "section": "tickets",
+            "filters": filters,
+            "tickets": rows,
+            "cursor": cursor,
+            "next_cursor": next_cursor,
+            "error": error,
+            "states": TicketState.values,
+            "endpoints": selectors.endpoint_choices(),
+        },
+        region="table",
+        status=400 if error else 200,
+    )
+
+
+def _ticket_context(request, ticket_id: uuid.UUID, *, approve_error: str | None = None) -> dict:
+    try:
+        detail = selectors.ticket_detail(ticket_id)
+    except NotFound:
+        raise Http404("ticket not found") from None
+    ticket = detail.ticket
+    return {
+        "section": "tickets",
+        "t": detail,
+        "ticket": ticket,
+        "can_approve": ticket.delivery_state == DeliveryState.AWAITING_APPROVAL
+        and is_owner(request.user, ticket.endpoint),
+        "approve_error": approve_error,
+    }
+
+
+@login_required
+def ticket_detail(request, ticket_id):
+    context = _ticket_context(request, ticket_id)
+    return page(request, "console/ticket_detail.html", context, region="ticket")
+
+
+@login_required
+@require_POST
+def ticket_approve(request, ticket_id):
+    try:
+        ticket = ticket_selectors.get_ticket(ticket_id)
+    except NotFound:
+        raise Http404("ticket not found") from None
+    if not is_owner(request.user, ticket.endpoint):
+        raise PermissionDenied("only the endpoint's owners may approve its results")
+    try:
+        delivery.approve_ticket(ticket_id=ticket.id, user=request.user)
+    except DomainError as exc:
+        context = _ticket_context(request, ticket.id, approve_error=exc.detail)
+        return page(request, "console/ticket_detail.html", context, region="ticket", status=REFUSED)
+    messages.success(request, "Result approved; delivery released.")
+    if request.htmx:
+        context = _ticket_context(request, ticket.id)
+        return page(request, "console/ticket_detail.html", context, region="ticket")
+    return redirect("ticket_detail", ticket_id=ticket.id)
+
+
+# --- Traces ------------------------------------------------------------------------------------
+
+
+@login_required
+def trace_detail(request, trace_id):
+    tree, rows = selectors.trace_tree(trace_id)
+    return page(
+        request,
+        "console/trace_detail.html",
+        {"section": "tickets", "trace_id": trace_id, "tree": tree, "rows": rows},
+        region="tree",
+    )
+
+
+# --- Endpoints ---------------------------------------------------------------------------------
+
+
+@login_required
+def endpoint_list(request):
+    return page(
+        request,
+        "console/endpoint_list.html",
+        {"section": "endpoints", "endpoints": selectors.endpoint_rows()},
+        region="table",
+    )
+
+
+@login_required
+def endpoint_detail(request, address):
+    endpoint = selectors.get_endpoint(address)
+    if endpoint.address != address:  # an alias: show the canonical page
+        return redirect("endpoint_detail", address=endpoint.address)
+    return page(
+        request,
+        "console/endpoint_detail.html",
+        {
+            "section": "endpoints",
+            "endpoint": endpoint,
+            "e": endpoint_payload(endpoint),
+            "holder": selectors.lock_holder(endpoint),
+            "turns": selectors.recent_turns(endpoint),
+            "cases": selectors.endpoint_cases(endpoint),
+        },
+        region="live",
+    )
+
+
+# --- Recovery ----------------------------------------------------------------------------------
+
+
+@login_required
+def case_list(request):
+    state = request.GET.get("state", "").strip()
+    error, cases = None, []
+    try:
+        cases = selectors.case_list(state=state or None)
+    except DomainError as exc:
+        error = exc.detail
+    return page(
+        request,
+        "console/case_list.html",
+        {
+            "section": "recovery",
+            "cases": cases,
+            "state": state,
+            "states": CaseState.values,
+            "error": error,
+            "cap": selectors.LIST_CAP,
+        },
+        region="table",
+        status=400 if error else 200,
+    )
+
+
+def _case_context(
+    request,
+    case,
+    *,
+    decision_form: DecisionForm | None = None,
+    lesson_form: LessonForm | None = None,
+    inspect_error: str | None = None,
+) -> dict:
+    can_act = is_owner(request.user, case.endpoint)
+    context = {
+        "section": "recovery",
+        "case": case,
+        "d": selectors.case_detail(case),
+        "can_act": can_act,
+    }
+    if can_act:  # forms exist only for owners; the POST views check again
+        context["decision_form"] = decision_form or DecisionForm(
+            inspections=selectors.case_inspections(case.id), prefix="decision"
+        )
+        context["lesson_form"] = lesson_form or LessonForm(prefix="lesson")
+        context["inspect_error"] = inspect_error
+    return context
+
+
+def _case_for_owner(request, case_id):
+    """The case, if the user is one of its endpoint's accountable owners."""
+    case = selectors.get_case(case_id)
+    if not is_owner(request.user, case.endpoint):
+        raise PermissionDenied("only the endpoint's owners may act on its recovery case")
+    return case
+
+
+def _casework(request, case, *, status: int = 200, **forms) -> HttpResponse:
+    # Reread: the service has just changed the case (state, decided_at, ...).
+    case = selectors.get_case(case.id)
+    context = _case_context(request, case, **forms)
+    return page(request, "console/case_detail.html", context, region="casework", status=status)
+
+
+def _after_action(request, case) -> HttpResponse:
+    if request.htmx:
+        return _casework(request, case)
+    return redirect("case_detail", case_id=case.id)  # post/redirect/get without htmx
+
+
+@login_required
+def case_detail(request, case_id):
+    case = selectors.get_case(case_id)
+    return page(
+        request, "console/case_detail.html", _case_context(request, case), region="casework"
+    )
+
+
+@login_required
+@require_POST
+def case_inspect(request, case_id):
+    case = _case_for_owner(request, case_id)
+    try:
+        inspection = recovery_services.inspect_case(case_id=case.id, user=request.user)
+    except DomainError as exc:
+        return _casework(request, case, status=REFUSED, inspect_error=exc.detail)
+    messages.success(request, f"Inspection taken: sha256 {inspection.sha256[:16]}…")
+    return _after_action(request, case)
+
+
+@login_required
+@require_POST
+def case_decide(request, case_id):
+    case = _case_for_owner(request, case_id)
+    form = DecisionForm(
+        request.POST, inspections=selectors.case_inspections(case.id), prefix="decision"
+    )
+    if form.is_valid():
+        try:
+            decision = recovery_services.decide(
+                case_id=case.id,
+                user=request.user,
+                action=form.cleaned_data["action"],
+                inspection_id=form.cleaned_data["inspection"].id,
+                rationale=form.cleaned_data["rationale"],
+                evidence=form.cleaned_data["evidence"],
+            )
+        except DomainError as exc:
+            form.add_error(None, exc.detail)
+        else:
+            messages.success(request, f"Decision recorded: {decision.get_action_display()}.")
+            return _after_action(request, case)
+    return _casework(request, case, status=REFUSED, decision_form=form)
+
+
+@login_required
+@require_POST
+def case_lesson(request, case_id):
+    case = _case_for_owner(request, case_id)
+    form = LessonForm(request.POST, prefix="lesson")
+    if form.is_valid():
+        try:
+            recovery_services.write_lesson(case_id=case.id, user=request.user, **form.cleaned_data)
+        except DomainError as exc:
+            form.add_error(None, exc.detail)
+        else:
+            messages.success(request, "Lesson written.")
+            return _after_action(request, case)
+    return _casework(request, case, status=REFUSED, lesson_form=form)
+
+
+@login_required
+def lesson_list(request):
+    return page(
+        request,
+        "console/lesson_list.html",
+        {"section": "lessons", "lessons": selectors.lessons(), "cap": selectors.LIST_CAP},
+    )
+
+
+# --- Obligations -------------------------------------------------------------------------------
+
+
+@login_required
+def obligation_list(request):
+    cursor = request.GET.get("cursor", "").strip() or None
+    rows, next_cursor, error = [], None, None
+    try:
+        rows, next_cursor = selectors.open_obligations(cursor=cursor)
+    except DomainError as exc:
+        error = exc.detail
+    return page(
+        request,
+        "console/obligation_list.html",
+        {
+            "section": "obligations",
+            "obligations": rows,
+            "cursor": cursor,
+            "next_cursor": next_cursor,
+            "error": error,
+            "first_page": reverse("obligation_list"),
+        },
+        region="table",
+        status=400 if error else 200,
     )

@@ -1,0 +1,47 @@
+"""Console forms: they check the shape of what an owner typed. Whether the
+action is allowed (ownership, case state, evidence for a release) is the
+recovery service's decision, not the form's."""
+
+from __future__ import annotations
+
+from django import forms
+
+from recovery.models import DecisionAction
+
+
+class InspectionChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj) -> str:
+        return f"{obj.created_at:%Y-%m-%d %H:%M:%SZ} · {obj.actor} · sha256 {obj.sha256[:12]}…"
+
+
+class DecisionForm(forms.Form):
+    action = forms.ChoiceField(choices=DecisionAction.choices)
+    inspection = InspectionChoiceField(
+        queryset=None, empty_label=None, help_text="The inspection this decision rests on."
+    )
+    rationale = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000)
+    evidence = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        max_length=10_000,
+        help_text="Required to release: what shows the uncertain turn ended.",
+    )
+
+    def __init__(self, *args, inspections, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Only this case's inspections: a decision must rest on one of them.
+        self.fields["inspection"].queryset = inspections
+
+
+class LessonForm(forms.Form):
+    what_failed = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000)
+    evidence = forms.CharField(
+        label="Evidence that made the diagnosis possible",
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=10_000,
+    )
+    prevention = forms.CharField(
+        label="What would prevent it",
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=10_000,
+    )

@@ -1,0 +1,99 @@
+"""Small filters the console's templates repeat on every page."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+
+register = template.Library()
+
+NONE = mark_safe('<span class="muted">—</span>')  # noqa: S308 - a constant
+
+# Every state the console shows, by tone. The badge carries the state's name
+# as text as well as a colour, so it reads without colour too.
+TONES = {
+    "ok": {"succeeded", "completed", "available", "delivered", "recorded", "closed", "stopped"},
+    "active": {"running", "accepted", "attempted", "pending", "interrupting", "waiting"},
+    "idle": {"queued", "none", "cancelled", "decided"},
+    "warn": {"awaiting_approval", "open", "recovering", "overdue", "unresolved", "orphaned"},
+    "bad": {"failed", "quarantined", "uncertain"},
+}
+_TONE_OF = {state: tone for tone, states in TONES.items() for state in states}
+
+
+@register.filter
+def badge(state: Any) -> str:
+    state = "" if state is None else str(state)
+    tone = _TONE_OF.get(state, "idle")
+    return format_html(
+        '<span class="badge tone-{}">{}</span>', tone, state.replace("_", " ") or "—"
+    )
+
+
+@register.filter
+def shortid(value: Any, length: int = 8) -> str:
+    """A monospace id cut short, the full id in the title.
+
+    Ids here are UUIDv7: the leading characters are a millisecond timestamp,
+    the same for everything created within a minute, so the short form shows
+    the random tail instead (``…36ada1f2``). Other values (hashes, addresses)
+    keep their head."""
+    if value in (None, ""):
+        return NONE
+    full = str(value)
+    if len(full) <= length + 1:
+        short = full
+    elif _is_uuid(full):
+        short = "…" + full[-length:]
+    else:
+        short = full[:length] + "…"
+    return format_html('<code class="id" title="{}">{}</code>', full, short)
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+@register.filter
+def utc(value: Any) -> str:
+    """A timestamp in UTC, to the second; the ISO form in the title."""
+    if not value:
+        return NONE
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    value = value.astimezone(UTC) if timezone.is_aware(value) else value
+    iso = value.isoformat().replace("+00:00", "Z")
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', iso, iso, value.strftime("%Y-%m-%d %H:%M:%SZ")
+    )
+
+
+@register.filter
+def compact_json(value: Any) -> str:
+    if value in (None, {}, []):
+        return ""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@register.filter
+def seconds(value: Any) -> str:
+    """Budget seconds without float noise: 300.0 -> '300 s', 0.05 -> '0.05 s'."""
+    if value is None:
+        return "—"
+    return f"{float(value):g} s"

@@ -1,0 +1,539 @@
+"""The console's pages through Django's test client: who may see what, the
+htmx regions, and the owner-only recovery forms."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from config.errors import InvalidTransition
+from console import views
+from console.owners import create_owner
+from recovery.models import Decision, Inspection, Lesson
+from tickets.admission import admit_ticket
+from tickets.models import Ticket
+
+from .helpers import quarantined_case
+
+HX = {"HTTP_HX_REQUEST": "true"}
+
+
+def pages(case, ticket):
+    return [
+        "/",
+        "/tickets/",
+        f"/tickets/{ticket.id}/",
+        f"/traces/{ticket.trace_id}/",
+        "/endpoints/",
+        f"/endpoints/{case.endpoint.address}/",
+        "/recovery/",
+        f"/recovery/{case.id}/",
+        "/lessons/",
+        "/obligations/",
+    ]
+
+
+@pytest.fixture
+def ticket(echo):
+    return admit_ticket(endpoint=echo.address, input={"q": "hello"}).ticket
+
+
+def is_full_page(response) -> bool:
+    return b"<html" in response.content
+
+
+# --- Who may see what ---------------------------------------------------------------------
+
+
+def test_anonymous_visitors_are_sent_to_login_from_every_page(client, case, ticket):
+    for url in pages(case, ticket):
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith("/login/?next="), url
+
+
+def test_login_page_renders_for_anonymous_visitors(client, db):
+    response = client.get("/login/")
+    assert response.status_code == 200
+    assert b'name="username"' in response.content
+    assert b'name="password"' in response.content
+
+
+def test_login_through_the_form_lands_on_the_dashboard(client, member):
+    response = client.post("/login/", {"username": "mallory", "password": "pw-mallory-1"})
+    assert response.status_code == 302
+    assert response["Location"] == "/"
+    assert client.get("/").status_code == 200
+
+
+def test_every_page_renders_for_a_logged_in_user(client, member, case, ticket):
+    client.force_login(member)
+    for url in pages(case, ticket):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        assert is_full_page(response), url
+        assert b"All times are UTC" in response.content
+
+
+def test_unknown_records_are_404(client, member, db):
+    client.force_login(member)
+    missing = "00000000-0000-0000-0000-000000000000"
+    for url in [
+        f"/tickets/{missing}/",
+        f"/recovery/{missing}/",
+        "/traces/nope/",
+        "/endpoints/no.such/",
+    ]:
+        assert client.get(url).status_code == 404, url
+
+
+# --- htmx regions -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "region"),
+    [
+        ("/", 'id="live"'),
+        ("/tickets/", 'id="tickets"'),
+        ("/endpoints/", 'id="endpoints"'),
+        ("/recovery/", 'id="cases"'),
+        ("/obligations/", 'id="obligations"'),
+    ],
+)
+def test_htmx_requests_get_only_the_region(client, member, case, ticket, url, region):
+    client.force_login(member)
+    response = client.get(url, **HX)
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert not is_full_page(response)
+    assert "topbar" not in body
+    assert body.lstrip().startswith(f"<div {region}") or region in body
+    assert "HX-Request" in response["Vary"]
+
+
+def test_htmx_requests_for_detail_pages_get_only_their_region(client, member, case, ticket):
+    client.force_login(member)
+    for url, region in [
+        (f"/tickets/{ticket.id}/", 'id="ticket"'),
+        (f"/traces/{ticket.trace_id}/", 'id="tree"'),
+        (f"/endpoints/{case.endpoint.address}/", 'id="live"'),
+        (f"/recovery/{case.id}/", 'id="casework"'),
+    ]:
+        response = client.get(url, **HX)
+        assert response.status_code == 200, url
+        assert not is_full_page(response), url
+        assert region in response.content.decode(), url
+
+
+def test_a_history_restore_gets_the_whole_page(client, member, db):
+    client.force_login(member)
+    response = client.get("/tickets/", HTTP_HX_HISTORY_RESTORE_REQUEST="true", **HX)
+    assert is_full_page(response)
+
+
+# --- Ticket list ------------------------------------------------------------------------------
+
+
+def test_ticket_list_filters_by_state_endpoint_and_trace(client, member, case, ticket):
+    client.force_login(member)
+    by_state = client.get("/tickets/", {"state": "recovering"}).content.decode()
+    assert str(case.ticket_id) in by_state
+    assert str(ticket.id) not in by_state
+
+    by_endpoint = client.get("/tickets/", {"endpoint": "con.echo"}).content.decode()
+    assert str(ticket.id) in by_endpoint
+    assert str(case.ticket_id) not in by_endpoint
+
+    by_trace = client.get("/tickets/", {"trace_id": ticket.trace_id}).content.decode()
+    assert str(ticket.id) in by_trace
+    assert str(case.ticket_id) not in by_trace
+
+
+def test_ticket_list_shows_short_ids_with_the_full_id_in_the_title(client, member, ticket):
+    client.force_login(member)
+    body = client.get("/tickets/").content.decode()
+    # UUIDv7 heads are timestamps shared by a minute's tickets: the tail is shown.
+    assert f'<code class="id" title="{ticket.id}">…{str(ticket.id)[-8:]}</code>' in body
+
+
+def test_ticket_list_pages_by_keyset_cursor(client, member, echo, monkeypatch):
+    monkeypatch.setattr(views, "TICKETS_PAGE", 2)
+    ids = [admit_ticket(endpoint=echo.address, input={"n": n}).ticket.id for n in range(3)]
+    client.force_login(member)
+    first = client.get("/tickets/", {"endpoint": "con.echo"}).content.decode()
+    assert str(ids[2]) in first and str(ids[1]) in first
+    assert str(ids[0]) not in first
+    cursor = re.search(r'href="/tickets/\?[^"]*cursor=([^"&]+)', first).group(1)
+    second = client.get("/tickets/", {"endpoint": "con.echo", "cursor": cursor}, **HX)
+    body = second.content.decode()
+    assert str(ids[0]) in body
+    assert str(ids[2]) not in body
+    assert "Older" not in body  # the last page
+    # An older page holds still: only the first page polls.
+    assert 'hx-trigger="every' not in body
+
+
+def test_ticket_list_reports_bad_filters_instead_of_failing(client, member, db):
+    client.force_login(member)
+    for params in [{"state": "bogus"}, {"cursor": "!!!"}, {"endpoint": "no.such"}]:
+        response = client.get("/tickets/", params, **HX)
+        assert response.status_code == 400, params
+        assert b'role="alert"' in response.content, params
+
+
+def test_ticket_list_needs_a_bounded_number_of_queries(
+    client, member, echo, django_assert_max_num_queries
+):
+    for n in range(15):
+        admit_ticket(endpoint=echo.address, input={"n": n})
+    client.force_login(member)
+    with django_assert_max_num_queries(8):
+        assert client.get("/tickets/").status_code == 200
+
+
+# --- Ticket detail and approval ----------------------------------------------------------------
+
+
+def test_ticket_detail_shows_turn_events_and_trace_link(client, member, case):
+    client.force_login(member)
+    body = client.get(f"/tickets/{case.ticket_id}/").content.decode()
+    assert f"seq #{case.turn.seq}" in body
+    assert "turn_uncertain" in body  # the timeline
+    assert f'href="/traces/{case.ticket.trace_id}/"' in body
+    assert "recovering" in body
+
+
+def _awaiting_approval(ticket):
+    # Fixture shortcut: the delivery service that sets this is not under test here.
+    Ticket.objects.filter(id=ticket.id).update(delivery_state="awaiting_approval")
+
+
+def test_approve_button_only_for_owners(client, member, case):
+    _awaiting_approval(case.ticket)
+    owner = create_owner(username="olive", password="pw-olive-1", endpoints=[case.endpoint.address])
+    url = f"/tickets/{case.ticket_id}/"
+    client.force_login(member)
+    assert b"Approve result" not in client.get(url).content
+    client.force_login(owner)
+    assert b"Approve result" in client.get(url).content
+
+
+def test_non_owner_cannot_approve(client, member, case, monkeypatch):
+    _awaiting_approval(case.ticket)
+    calls = []
+    monkeypatch.setattr("tickets.delivery.approve_ticket", lambda **kw: calls.append(kw))
+    client.force_login(member)
+    response = client.post(f"/tickets/{case.ticket_id}/approve/", **HX)
+    assert response.status_code == 403
+    assert calls == []
+
+
+def test_owner_approval_calls_the_service(client, owner, case, monkeypatch):
+    _awaiting_approval(case.ticket)
+    calls = []
+    monkeypatch.setattr("tickets.delivery.approve_ticket", lambda **kw: calls.append(kw))
+    client.force_login(owner)
+    response = client.post(f"/tickets/{case.ticket_id}/approve/")
+    assert response.status_code == 302
+    assert calls == [{"ticket_id": case.ticket_id, "user": owner}]
+    assert b"Result approved" in client.get(response["Location"]).content
+
+
+def test_refused_approval_shows_the_services_reason(client, owner, case, monkeypatch):
+    _awaiting_approval(case.ticket)
+
+    def refuse(**kw):
+        raise InvalidTransition("the ticket is not awaiting approval", state="pending")
+
+    monkeypatch.setattr("tickets.delivery.approve_ticket", refuse)
+    client.force_login(owner)
+    response = client.post(f"/tickets/{case.ticket_id}/approve/", **HX)
+    assert response.status_code == 422
+    assert not is_full_page(response)
+    assert b"the ticket is not awaiting approval" in response.content
+
+
+# --- Traces -------------------------------------------------------------------------------------
+
+
+def test_trace_page_nests_children_under_their_parent(client, member, echo):
+    root = admit_ticket(endpoint=echo.address, input={"root": True}).ticket
+    child = admit_ticket(endpoint=echo.address, input={"c": 1}, parent_id=root.id).ticket
+    grandchild = admit_ticket(endpoint=echo.address, input={"g": 1}, parent_id=child.id).ticket
+    client.force_login(member)
+    body = client.get(f"/traces/{root.trace_id}/").content.decode()
+    positions = [body.index(f'title="{t.id}"') for t in (root, child, grandchild)]
+    assert positions == sorted(positions)
+    assert 'style="--level: 2"' in body
+
+
+# --- Endpoints, obligations, lessons -----------------------------------------------------------
+
+
+def test_endpoint_pages_show_lock_queue_and_open_case(client, member, case, echo):
+    admit_ticket(endpoint=echo.address, input={"queued": True})
+    client.force_login(member)
+    listing = client.get("/endpoints/").content.decode()
+    assert f'href="/recovery/{case.id}/"' in listing
+    detail = client.get(f"/endpoints/{case.endpoint.address}/").content.decode()
+    assert "quarantined" in detail
+    assert f'href="/recovery/{case.id}/"' in detail
+    assert f"#{case.turn.seq}" in detail  # recent turns
+    assert str(case.turn_id) in detail  # the lock stays with the uncertain turn
+
+
+def test_dashboard_lists_quarantined_endpoints_with_their_case(client, member, case):
+    client.force_login(member)
+    body = client.get("/").content.decode()
+    assert case.endpoint.address in body
+    assert f'href="/recovery/{case.id}/"' in body
+
+
+def test_obligations_list_overdue_first(client, member, echo):
+    later = admit_ticket(endpoint=echo.address, input={"n": 1}).ticket
+    overdue = admit_ticket(endpoint=echo.address, input={"n": 2}).ticket
+    # Fixture shortcut: the obligations sweep is not under test here.
+    Ticket.objects.filter(id=overdue.id).update(
+        obligation_due_at=timezone.now() - timedelta(minutes=5)
+    )
+    client.force_login(member)
+    body = client.get("/obligations/").content.decode()
+    assert body.index(str(overdue.id)) < body.index(str(later.id))
+    assert "overdue" in body
+    dashboard = client.get("/").content.decode()
+    assert str(overdue.id) in dashboard
+    assert str(later.id) not in dashboard.split("Recent tickets")[0]
+
+
+# --- Recovery: forms for owners only -------------------------------------------------------------
+
+
+FORM_ACTIONS = ("/inspections/", "/decisions/", "/lesson/")
+
+
+def test_non_owner_sees_the_case_but_no_forms(client, member, case):
+    client.force_login(member)
+    for kwargs in ({}, HX):  # the whole page and the region alike
+        body = client.get(f"/recovery/{case.id}/", **kwargs).content.decode()
+        assert case.reason in body
+        for action in FORM_ACTIONS:
+            assert f'action="/recovery/{case.id}{action}"' not in body
+        assert "<form" not in body.split('id="casework"')[1]
+        assert "Only the accountable owners" in body
+
+
+def test_owner_sees_the_forms(client, owner, case):
+    client.force_login(owner)
+    body = client.get(f"/recovery/{case.id}/").content.decode()
+    assert f'action="/recovery/{case.id}/inspections/"' in body
+    # No inspection yet: the decision form waits for one; the lesson waits
+    # for a decision.
+    assert "Take an inspection first" in body
+    assert f'action="/recovery/{case.id}/lesson/"' not in body
+
+
+def test_non_owner_posts_are_forbidden_and_change_nothing(client, member, case):
+    client.force_login(member)
+    base = f"/recovery/{case.id}"
+    assert client.post(f"{base}/inspections/", **HX).status_code == 403
+    assert (
+        client.post(
+            f"{base}/decisions/",
+            {"decision-action": "keep_quarantined", "decision-rationale": "x"},
+            **HX,
+        ).status_code
+        == 403
+    )
+    assert (
+        client.post(
+            f"{base}/lesson/",
+            {"lesson-what_failed": "a", "lesson-evidence": "b", "lesson-prevention": "c"},
+        ).status_code
+        == 403
+    )
+    assert not Inspection.objects.filter(case=case).exists()
+    assert not Decision.objects.filter(case=case).exists()
+    assert not Lesson.objects.filter(case=case).exists()
+
+
+def test_anonymous_posts_are_sent_to_login(client, case):
+    response = client.post(f"/recovery/{case.id}/inspections/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/")
+    assert not Inspection.objects.filter(case=case).exists()
+
+
+def test_recovery_forms_need_post(client, owner, case):
+    client.force_login(owner)
+    assert client.get(f"/recovery/{case.id}/inspections/").status_code == 405
+
+
+def test_owner_inspects_and_decides_through_htmx(client, owner, case):
+    client.force_login(owner)
+    base = f"/recovery/{case.id}"
+    response = client.post(f"{base}/inspections/", **HX)
+    assert response.status_code == 200
+    assert not is_full_page(response)
+    inspection = Inspection.objects.get(case=case)
+    body = response.content.decode()
+    assert inspection.sha256 in body
+    assert "Inspection taken" in body  # the flash notice, swapped out of band
+    assert 'hx-swap-oob="true"' in body
+    assert f'<option value="{inspection.id}"' in body  # the decision form offers it
+
+    response = client.post(
+        f"{base}/decisions/",
+        {
+            "decision-action": "keep_quarantined",
+            "decision-inspection": str(inspection.id),
+            "decision-rationale": "the worker host is unreachable; keep it closed",
+            "decision-evidence": "",
+        },
+        **HX,
+    )
+    assert response.status_code == 200, response.content.decode()
+    decision = Decision.objects.get(case=case)
+    assert decision.action == "keep_quarantined"
+    assert decision.inspection_id == inspection.id
+    assert decision.actor == owner
+    assert "the worker host is unreachable" in response.content.decode()
+
+
+def test_decision_must_rest_on_an_inspection_of_this_case(client, owner, case):
+    other = quarantined_case("con.stuck-two")
+    # The same owner, now of both endpoints (create_owner resets the password,
+    # so log in with the fresh row).
+    owner = create_owner(
+        username="olive", password="pw-olive-1", endpoints=[other.endpoint.address]
+    )
+    client.force_login(owner)
+    client.post(f"/recovery/{case.id}/inspections/")
+    client.post(f"/recovery/{other.id}/inspections/")
+    foreign = Inspection.objects.get(case=other)
+    response = client.post(
+        f"/recovery/{case.id}/decisions/",
+        {
+            "decision-action": "keep_quarantined",
+            "decision-inspection": str(foreign.id),
+            "decision-rationale": "r",
+        },
+        **HX,
+    )
+    assert response.status_code == 422
+    assert b"Select a valid choice" in response.content
+    assert not Decision.objects.filter(case=case).exists()
+
+
+def test_refused_decision_shows_the_services_reason_in_the_region(client, owner, case, monkeypatch):
+    from recovery import services
+
+    client.force_login(owner)
+    client.post(f"/recovery/{case.id}/inspections/")
+    inspection = Inspection.objects.get(case=case)
+
+    def refuse(**kw):
+        raise InvalidTransition("case is already decided", state="decided")
+
+    monkeypatch.setattr(services, "decide", refuse)
+    response = client.post(
+        f"/recovery/{case.id}/decisions/",
+        {
+            "decision-action": "finalize_orphan",
+            "decision-inspection": str(inspection.id),
+            "decision-rationale": "orphan it: the host is gone",
+        },
+        **HX,
+    )
+    assert response.status_code == 422
+    assert not is_full_page(response)
+    body = response.content.decode()
+    assert "case is already decided" in body
+    assert 'id="casework"' in body
+    # What the owner typed is kept for a second try.
+    assert "orphan it: the host is gone</textarea>" in body
+
+
+def test_owner_finalizes_and_writes_the_lesson_that_closes_the_case(client, owner, case):
+    client.force_login(owner)
+    base = f"/recovery/{case.id}"
+    client.post(f"{base}/inspections/", **HX)
+    inspection = Inspection.objects.get(case=case)
+    response = client.post(
+        f"{base}/decisions/",
+        {
+            "decision-action": "finalize_orphan",
+            "decision-inspection": str(inspection.id),
+            "decision-rationale": "no stop evidence; accept the risk, no invented answer",
+        },
+        **HX,
+    )
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert f'action="{base}/decisions/"' not in body  # a decided case takes no more
+    assert f'action="{base}/lesson/"' in body
+
+    response = client.post(
+        f"{base}/lesson/",
+        {
+            "lesson-what_failed": "the runner ignored interrupts",
+            "lesson-evidence": "no heartbeat after the interrupt; no stop receipt",
+            "lesson-prevention": "runners must poll interrupted()",
+        },
+        **HX,
+    )
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "the runner ignored interrupts" in body
+    assert "<form" not in body  # closed: nothing left to do
+    case.refresh_from_db()
+    assert case.state == "closed"
+    assert "the runner ignored interrupts" in client.get("/lessons/").content.decode()
+
+
+def test_empty_lesson_is_refused_with_field_errors(client, owner, case):
+    client.force_login(owner)
+    response = client.post(f"/recovery/{case.id}/lesson/", {"lesson-what_failed": "x"}, **HX)
+    assert response.status_code == 422
+    assert b"This field is required." in response.content
+    assert not Lesson.objects.filter(case=case).exists()
+
+
+def test_lesson_on_an_open_case_shows_the_services_reason(client, owner, case):
+    client.force_login(owner)
+    response = client.post(
+        f"/recovery/{case.id}/lesson/",
+        {"lesson-what_failed": "a", "lesson-evidence": "b", "lesson-prevention": "c"},
+        **HX,
+    )
+    assert response.status_code == 422
+    assert b"open" in response.content and b'role="alert"' in response.content
+    assert not Lesson.objects.filter(case=case).exists()
+
+
+def test_release_without_evidence_shows_the_services_reason(client, owner, case):
+    client.force_login(owner)
+    client.post(f"/recovery/{case.id}/inspections/")
+    inspection = Inspection.objects.get(case=case)
+    response = client.post(
+        f"/recovery/{case.id}/decisions/",
+        {
+            "decision-action": "release",
+            "decision-inspection": str(inspection.id),
+            "decision-rationale": "it stopped, I am sure",
+        },
+        **HX,
+    )
+    assert response.status_code == 422
+    assert b"evidence must not be empty" in response.content
+    assert not Decision.objects.filter(case=case).exists()
+
+
+def test_without_htmx_a_form_post_redirects_back_to_the_case(client, owner, case):
+    client.force_login(owner)
+    response = client.post(f"/recovery/{case.id}/inspections/")
+    assert response.status_code == 302
+    assert response["Location"] == f"/recovery/{case.id}/"
+    assert b"Inspection taken" in client.get(response["Location"]).content
