@@ -16,7 +16,7 @@ from django.utils import timezone
 from config.errors import DomainError
 
 from .lifecycle import append_event, update_fields
-from .models import TERMINAL_STATES, Callback, CallbackState, Ticket
+from .models import TERMINAL_STATES, Callback, CallbackState, Ticket, TicketEvent
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,13 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
     from .admission import admit_ticket
 
     with transaction.atomic():
+        # of=("self",): lock only the ticket row. return_to is a nullable
+        # foreign key, so the join is an outer one, and PostgreSQL refuses
+        # FOR UPDATE on the nullable side of an outer join.
         source = (
-            Ticket.objects.select_for_update().select_related("return_to").get(id=source_id)
+            Ticket.objects.select_for_update(of=("self",))
+            .select_related("return_to")
+            .get(id=source_id)
         )
         if source.return_to_id is None or source.state not in TERMINAL_STATES:
             return None
@@ -66,29 +71,54 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
                     actor="callbacks",
                 )
         except DomainError as exc:
-            append_event(
-                ticket_id=source.id, kind="callback_refused", actor="callbacks",
-                detail={"error": exc.code, "detail": exc.detail},
-            )
-            log.warning("callback for %s refused: %s", source.id, exc.detail)
+            _record_refusal(source_id=source.id, exc=exc)
             return None
         callback = Callback.objects.create(
-            source=source, target_id=source.return_to_id, ticket=admitted.ticket,
+            source=source,
+            target_id=source.return_to_id,
+            ticket=admitted.ticket,
             created_at=timezone.now(),
         )
         update_fields(
-            ticket_id=source.id, kind="callback_accepted", actor="callbacks",
+            ticket_id=source.id,
+            kind="callback_accepted",
+            actor="callbacks",
             detail={"callback": str(admitted.ticket.id)},
             callback_state=CallbackState.ACCEPTED,
         )
     return callback
 
 
+def _record_refusal(*, source_id: uuid.UUID, exc: DomainError) -> None:
+    """An event for the first refusal and for each change of reason; the
+    obligations sweep retries every round, and a target quarantined for a
+    day must not write thousands of identical events."""
+    last = (
+        TicketEvent.objects.filter(ticket_id=source_id)
+        .order_by("-id")
+        .values_list("kind", "detail")
+        .first()
+    )
+    if last is not None and last[0] == "callback_refused" and last[1].get("error") == exc.code:
+        log.info("callback for %s still refused: %s", source_id, exc.detail)
+        return
+    append_event(
+        ticket_id=source_id,
+        kind="callback_refused",
+        actor="callbacks",
+        detail={"error": exc.code, "detail": exc.detail},
+    )
+    log.warning("callback for %s refused: %s", source_id, exc.detail)
+
+
 def retry_pending_callbacks(limit: int = 100) -> int:
-    """Terminal tickets whose callback a target refused earlier."""
-    pending = Ticket.objects.filter(
-        callback_state=CallbackState.PENDING, state__in=list(TERMINAL_STATES)
-    ).values_list("id", flat=True)[:limit]
+    """Terminal tickets whose callback a target refused earlier (quarantined,
+    circuit open), oldest first; returns how many were admitted now."""
+    pending = (
+        Ticket.objects.filter(callback_state=CallbackState.PENDING, state__in=TERMINAL_STATES)
+        .order_by("id")
+        .values_list("id", flat=True)[:limit]
+    )
     done = 0
     for source_id in pending:
         if ensure_callback(source_id=source_id) is not None:
