@@ -225,6 +225,9 @@ class Callback(models.Model):
     )
     created_at = models.DateTimeField()
 
+    def __str__(self) -> str:
+        return f"callback for {self.source_id}"
+
 
 class Delivery(models.Model):
     """One per root ticket; its id is the stable ``webhook-id``."""
@@ -252,6 +255,9 @@ class Delivery(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.mode} delivery of {self.ticket_id}"
+
 
 class DeliveryAttempt(models.Model):
     delivery = models.ForeignKey(Delivery, on_delete=models.PROTECT, related_name="attempt_log")
@@ -266,3 +272,6 @@ class DeliveryAttempt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["delivery", "number"], name="attempt_number_unique")
         ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of delivery {self.delivery_id}"
