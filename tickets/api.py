@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -14,7 +15,7 @@ from pydantic import ConfigDict
 from config.errors import Invalid
 from endpoints.selectors import resolve_endpoint
 
-from . import admission, delivery, lifecycle, selectors
+from . import admission, delivery, lifecycle, obligations, selectors
 from .models import TERMINAL_STATES, Ticket
 
 router = Router(tags=["tickets"])
@@ -150,4 +151,35 @@ class AckIn(Strict):
 def ack_delivery(request: HttpRequest, ticket_id: str, payload: AckIn | None = None):
     ticket = selectors.get_ticket(ticket_id)
     delivery.acknowledge(ticket_id=ticket.id, actor=actor_of(request))
+    return selectors.ticket_payload(selectors.get_ticket(ticket.id))
+
+
+# --- Obligations (tickets/obligations.py) ------------------------------------------------------
+
+
+class ObligationCloseIn(Strict):
+    note: str = Field(min_length=1, max_length=2000)
+
+
+class ObligationIn(Strict):
+    next_update_at: datetime | None = None
+    note: str | None = Field(default=None, max_length=2000)
+
+
+@router.post("/{ticket_id}/obligation/close", response=dict)
+def close_obligation(request: HttpRequest, ticket_id: str, payload: ObligationCloseIn):
+    ticket = selectors.get_ticket(ticket_id)
+    obligations.close_obligation(ticket_id=ticket.id, user=request.user, note=payload.note)
+    return selectors.ticket_payload(selectors.get_ticket(ticket.id))
+
+
+@router.post("/{ticket_id}/obligation", response=dict)
+def update_obligation(request: HttpRequest, ticket_id: str, payload: ObligationIn):
+    ticket = selectors.get_ticket(ticket_id)
+    obligations.update_obligation(
+        ticket_id=ticket.id,
+        user=request.user,
+        next_update_at=payload.next_update_at,
+        note=payload.note,
+    )
     return selectors.ticket_payload(selectors.get_ticket(ticket.id))
