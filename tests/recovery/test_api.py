@@ -315,3 +315,25 @@ def test_recovery_routes_need_a_key(quarantine, api):
         anonymous.post(f"/recovery/cases/{q.case.id}/inspections"),
     ):
         assert resp.status_code == 401 and resp.json()["error"] == "unauthenticated"
+
+
+def test_recovery_routes_are_in_the_openapi_schema(client):
+    resp = client.get("/api/v1/openapi.json")
+    assert resp.status_code == 200
+    paths = resp.json()["paths"]
+    for path in (
+        "/api/v1/recovery/cases",
+        "/api/v1/recovery/cases/{case_id}",
+        "/api/v1/recovery/cases/{case_id}/inspections",
+        "/api/v1/recovery/cases/{case_id}/decisions",
+        "/api/v1/recovery/cases/{case_id}/lesson",
+    ):
+        assert path in paths, path
+    decision_in = resp.json()["components"]["schemas"]["DecisionIn"]
+    assert decision_in["additionalProperties"] is False
+    assert set(decision_in["properties"]["action"]["enum"]) == {
+        "finalize_orphan",
+        "authorize_rerun",
+        "keep_quarantined",
+        "release",
+    }
