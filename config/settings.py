@@ -144,6 +144,9 @@ OBLIGATION_UPDATE_INTERVAL_S = env.int("OBLIGATION_UPDATE_INTERVAL_S", default=3
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # Name the (unused) host so kombu does not warn on every connection.
+    if CELERY_BROKER_URL in ("filesystem://", "filesystem:///"):
+        CELERY_BROKER_URL = "filesystem://localhost//"
     _broker = VAR_DIR / "broker"
     for _sub in ("in", "processed"):
         (_broker / _sub).mkdir(parents=True, exist_ok=True)
