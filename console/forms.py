@@ -14,8 +14,26 @@ class InspectionChoiceField(forms.ModelChoiceField):
         return f"{obj.created_at:%Y-%m-%d %H:%M:%SZ} · {obj.actor} · sha256 {obj.sha256[:12]}…"
 
 
+# What each action does, in the words of DESIGN.md's recovery flow. No
+# default: finalizing or releasing is not something to do by leaving a
+# select alone.
+ACTION_CHOICES = [
+    ("", "— choose an action —"),
+    (
+        DecisionAction.FINALIZE_ORPHAN,
+        "finalize_orphan — close the ticket as orphaned, no invented result",
+    ),
+    (
+        DecisionAction.AUTHORIZE_RERUN,
+        "authorize_rerun — orphan it and admit a re-run under a new identity",
+    ),
+    (DecisionAction.KEEP_QUARANTINED, "keep_quarantined — change nothing; the case stays open"),
+    (DecisionAction.RELEASE, "release — the turn is proven ended (needs evidence); ticket fails"),
+]
+
+
 class DecisionForm(forms.Form):
-    action = forms.ChoiceField(choices=DecisionAction.choices)
+    action = forms.ChoiceField(choices=ACTION_CHOICES)
     inspection = InspectionChoiceField(
         queryset=None, empty_label=None, help_text="The inspection this decision rests on."
     )

@@ -326,7 +326,7 @@ def case_decide(request, case_id):
         except DomainError as exc:
             form.add_error(None, exc.detail)
         else:
-            messages.success(request, f"Decision recorded: {decision.get_action_display()}.")
+            messages.success(request, f"Decision recorded: {decision.action}.")
             return _after_action(request, case)
     return _casework(request, case, status=REFUSED, decision_form=form)
 

@@ -527,7 +527,8 @@ def test_release_without_evidence_shows_the_services_reason(client, owner, case)
         **HX,
     )
     assert response.status_code == 422
-    assert b"evidence must not be empty" in response.content
+    alert = re.search(r'role="alert">([^<]*)<', response.content.decode()).group(1)
+    assert "evidence" in alert  # the service's reason, in the form's region
     assert not Decision.objects.filter(case=case).exists()
 
 
@@ -537,3 +538,19 @@ def test_without_htmx_a_form_post_redirects_back_to_the_case(client, owner, case
     assert response.status_code == 302
     assert response["Location"] == f"/recovery/{case.id}/"
     assert b"Inspection taken" in client.get(response["Location"]).content
+
+
+def test_decision_action_has_no_default(client, owner, case):
+    client.force_login(owner)
+    client.post(f"/recovery/{case.id}/inspections/")
+    inspection = Inspection.objects.get(case=case)
+    body = client.get(f"/recovery/{case.id}/").content.decode()
+    assert '<option value="" selected>— choose an action —</option>' in body
+    response = client.post(
+        f"/recovery/{case.id}/decisions/",
+        {"decision-inspection": str(inspection.id), "decision-rationale": "r"},
+        **HX,
+    )
+    assert response.status_code == 422
+    assert b"This field is required." in response.content
+    assert not Decision.objects.filter(case=case).exists()

@@ -1,0 +1,180 @@
+"""The console in a real browser: Chromium through Playwright against
+pytest-django's live server. Data is made in-process through the services
+(no worker), so a quarantined case exists without waiting for a sweep.
+
+Set ``CONSOLE_SCREENSHOT_DIR`` to keep screenshots of the pages visited.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from console.owners import create_owner
+from recovery.models import CaseState, Decision, Inspection, RecoveryCase
+from tests.conftest import purge_broker
+from tickets.admission import admit_ticket
+
+from .helpers import echo_endpoint, quarantined_case
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PASSWORD = "pw-olive-1"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls
+    # that set up each test run beside it, not inside it.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as pw:
+            chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield chromium
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser, live_server):
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    yield page
+    context.close()
+    purge_broker()  # admissions published dispatches that no worker will take
+
+
+def shot(page, name: str) -> None:
+    folder = os.environ.get("CONSOLE_SCREENSHOT_DIR")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+
+
+def log_in(page, live_server, path: str, username: str, password: str) -> None:
+    page.goto(f"{live_server.url}{path}")
+    expect(page).to_have_url(re.compile(r"/login/\?next="))
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
+    expect(page).to_have_url(f"{live_server.url}{path}")
+
+
+def mark_document(page) -> None:
+    """A flag that survives htmx swaps but not a full page load."""
+    page.evaluate("window.__noReload = true")
+
+
+def assert_not_reloaded(page) -> None:
+    assert page.evaluate("window.__noReload === true"), "the page was reloaded"
+
+
+def test_operator_filters_tickets_opens_one_and_follows_its_trace(page, live_server):
+    case = quarantined_case("web.stuck")
+    echo_endpoint("web.echo")
+    root = admit_ticket(endpoint="web.echo", input={"brief": "weekly"}).ticket
+    child = admit_ticket(endpoint="web.echo", input={"part": 1}, parent_id=root.id).ticket
+    create_owner(username="olive", password=PASSWORD, endpoints=["web.stuck"])
+
+    log_in(page, live_server, "/tickets/", "olive", PASSWORD)
+    table = page.locator("#tickets")
+    expect(table.locator(f'code[title="{case.ticket_id}"]')).to_be_visible()
+    expect(table.locator(f'code[title="{child.id}"]')).to_be_visible()
+
+    mark_document(page)
+    page.get_by_label("State").select_option("queued")
+    # The table region is swapped by htmx and the URL keeps the filter.
+    expect(page).to_have_url(re.compile(r"state=queued"))
+    expect(table.locator(f'code[title="{case.ticket_id}"]')).to_have_count(0)
+    expect(table.locator(f'code[title="{child.id}"]')).to_be_visible()
+    expect(table.locator(".badge", has_text="recovering")).to_have_count(0)
+    assert_not_reloaded(page)
+    shot(page, "tickets-filtered")
+
+    table.locator(f'a:has(code[title="{child.id}"])').click()
+    expect(page).to_have_url(f"{live_server.url}/tickets/{child.id}/")
+    expect(page.locator("h1")).to_contain_text(str(child.id))
+    expect(page.locator("#ticket")).to_contain_text("admitted")  # the timeline
+    shot(page, "ticket")
+
+    page.get_by_role("link", name=re.compile(r"^Trace")).click()
+    expect(page).to_have_url(f"{live_server.url}/traces/{root.trace_id}/")
+    rows = page.locator("#tree tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0).locator(f'code[title="{root.id}"]')).to_be_visible()
+    expect(rows.nth(1).locator(f'code[title="{child.id}"]')).to_be_visible()
+    expect(rows.nth(1).locator(".branch")).to_be_visible()  # nested under the root
+    shot(page, "trace")
+
+
+def test_owner_inspects_and_decides_without_a_page_reload(page, live_server):
+    case = quarantined_case("web.stuck")
+    create_owner(username="olive", password=PASSWORD, endpoints=["web.stuck"])
+
+    log_in(page, live_server, "/", "olive", PASSWORD)
+    quarantined = page.locator("section", has_text="Quarantined endpoints")
+    expect(quarantined).to_contain_text("web.stuck")
+    shot(page, "dashboard")
+    quarantined.locator(f'a[href="/recovery/{case.id}/"]').click()
+    expect(page).to_have_url(f"{live_server.url}/recovery/{case.id}/")
+    expect(page.get_by_text("Take an inspection first")).to_be_visible()
+
+    mark_document(page)
+    page.get_by_role("button", name="Take inspection").click()
+    expect(page.locator("#messages")).to_contain_text("Inspection taken")
+    inspection = Inspection.objects.get(case_id=case.id)
+    expect(page.locator("#inspections")).to_contain_text(inspection.sha256)
+    # The snapshot is there, folded away until asked for.
+    snapshot = page.locator("#inspections details pre")
+    expect(snapshot).to_be_hidden()
+    page.locator("#inspections summary").first.click()
+    expect(snapshot).to_contain_text('"turn"')
+    assert_not_reloaded(page)
+
+    form = page.locator("form", has=page.get_by_role("button", name="Record decision"))
+    expect(form.get_by_label("Inspection")).to_have_value(str(inspection.id))
+    form.get_by_label("Action").select_option("release")
+    form.get_by_label("Rationale").fill("the worker host was rebooted at 11:02")
+    form.get_by_role("button", name="Record decision").click()
+    # Release needs evidence: the service says so inside the form's region.
+    expect(page.locator("#casework [role=alert]")).to_contain_text("evidence")
+    assert not Decision.objects.filter(case_id=case.id).exists()
+
+    form = page.locator("form", has=page.get_by_role("button", name="Record decision"))
+    form.get_by_label("Action").select_option("finalize_orphan")
+    form.get_by_label("Rationale").fill("no stop evidence; finalize with no invented answer")
+    form.get_by_role("button", name="Record decision").click()
+    expect(page.locator("#messages")).to_contain_text("Decision recorded")
+    expect(page.locator("#decisions")).to_contain_text("no stop evidence; finalize")
+    expect(page.locator("#casework dl.kv").first).to_contain_text("decided")
+    assert_not_reloaded(page)
+    assert RecoveryCase.objects.get(id=case.id).state == CaseState.DECIDED
+    shot(page, "case-decided")
+
+    page.get_by_label("What failed").fill("the runner ignored its interrupt")
+    page.get_by_label("Evidence that made the diagnosis possible").fill(
+        "no heartbeat after the interrupt, no stop receipt"
+    )
+    page.get_by_label("What would prevent it").fill("runners poll interrupted()")
+    page.get_by_role("button", name="Write lesson").click()
+    expect(page.locator("#lesson")).to_contain_text("the runner ignored its interrupt")
+    expect(page.locator("#casework form")).to_have_count(0)
+    assert_not_reloaded(page)
+    assert RecoveryCase.objects.get(id=case.id).state == CaseState.CLOSED
+    shot(page, "case-closed")
