@@ -264,3 +264,28 @@ def test_cancel_queued_running_and_finished(worker, api, make_endpoint):
     c3 = api.post(f"/tickets/{running['id']}/cancel")
     assert c3.status_code == 409 and c3.json()["error"] == "invalid_transition"
     assert c3.json()["state"] == "cancelled"
+
+
+def test_http_agent_is_asked_to_stop_and_its_receipt_is_the_evidence(worker, make_endpoint, api,
+                                                                     agent):
+    make_endpoint("remote2", runner={"kind": "http", "url": f"{agent.url}/turn",
+                                     "cancel_url": f"{agent.url}/cancel"},
+                  turn_budget_s=1, interrupt_grace_s=20)
+    ticket = admit_ticket(endpoint="remote2", input={}).ticket
+    wait_for(lambda: agent.envelopes, message="the agent to receive the turn")
+    turn_id, seq = agent.envelopes[0]["turn"]["id"], agent.envelopes[0]["turn"]["seq"]
+    # Past its budget the sweep interrupts the exact turn and calls the agent.
+    wait_for(lambda: agent.cancels, timeout=15, message="the cancel request")
+    assert agent.cancels[0] == {"turn": turn_id, "seq": seq}
+    hb = api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq})
+    assert hb.json()["interrupt_requested"] is True
+    # A receipt naming another seq proves nothing.
+    assert api.post(f"/turns/{turn_id}/stopped", {"seq": seq + 1}).status_code == 409
+    resp = api.post(f"/turns/{turn_id}/stopped", {"seq": seq, "detail": "cancelled at step 3"})
+    assert resp.status_code == 200, resp.content
+    turn = resp.json()
+    assert turn["state"] == "stopped"
+    assert turn["stop_evidence"]["kind"] == "agent_stop_receipt"
+    t = api.get(f"/tickets/{ticket.id}").json()
+    assert t["state"] == "failed" and t["error"]["code"] == "timed_out"
+    assert api.get("/endpoints/remote2").json()["lock"]["holder_turn"] is None
