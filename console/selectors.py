@@ -263,15 +263,7 @@ def endpoint_cases(endpoint: Endpoint, *, limit: int = 10) -> list[RecoveryCase]
 
 
 # --- Recovery ------------------------------------------------------------------------------------
-
-
-def case_list(*, state: str | None = None, limit: int = LIST_CAP) -> list[RecoveryCase]:
-    if state and state not in CaseState.values:
-        raise Invalid(f"state must be one of {', '.join(CaseState.values)}")
-    qs = RecoveryCase.objects.select_related("endpoint", "ticket", "turn")
-    if state:
-        qs = qs.filter(state=state)
-    return list(qs.order_by("-opened_at")[:limit])
+# Case and lesson lists come from recovery.selectors; what is here draws one case.
 
 
 @dataclass
@@ -312,11 +304,3 @@ def case_detail(case: RecoveryCase) -> CaseDetail:
 def case_inspections(case_id: uuid.UUID):
     """The inspections a decision on this case may rest on (form choices)."""
     return Inspection.objects.filter(case_id=case_id).order_by("-created_at")
-
-
-def lessons(*, limit: int = LIST_CAP) -> list[Lesson]:
-    return list(
-        Lesson.objects.select_related("actor", "case", "case__endpoint").order_by("-created_at")[
-            :limit
-        ]
-    )

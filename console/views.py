@@ -25,6 +25,7 @@ from django.views.decorators.http import require_POST
 from config.errors import DomainError, NotFound
 from endpoints.api import endpoint_payload
 from endpoints.selectors import is_owner, resolve_endpoint
+from recovery import selectors as recovery_selectors
 from recovery import services as recovery_services
 from recovery.models import CaseState
 from tickets import delivery
@@ -222,7 +223,7 @@ def case_list(request):
     state = request.GET.get("state", "").strip()
     error, cases = None, []
     try:
-        cases = selectors.case_list(state=state or None)
+        cases = recovery_selectors.list_cases(state=state or None, limit=selectors.LIST_CAP)
     except DomainError as exc:
         error = exc.detail
     return page(
@@ -352,7 +353,11 @@ def lesson_list(request):
     return page(
         request,
         "console/lesson_list.html",
-        {"section": "lessons", "lessons": selectors.lessons(), "cap": selectors.LIST_CAP},
+        {
+            "section": "lessons",
+            "lessons": recovery_selectors.list_lessons(limit=selectors.LIST_CAP),
+            "cap": selectors.LIST_CAP,
+        },
     )
 
 

@@ -7,6 +7,7 @@ from endpoints.services import create_endpoint
 from recovery.models import RecoveryCase
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
+from tickets.models import Ticket
 
 
 def echo_endpoint(address: str, **settings):
@@ -30,3 +31,12 @@ def quarantined_case(address: str) -> RecoveryCase:
         message="the interrupt grace to pass",
     )
     return RecoveryCase.objects.select_related("endpoint", "turn", "ticket").get(id=case_id)
+
+
+def finished_gated_ticket(address: str):
+    """A root ticket run to success on an endpoint that requires approval:
+    its pull delivery waits for an owner (``awaiting_approval``)."""
+    echo_endpoint(address, requires_approval=True)
+    ticket = admit_ticket(endpoint=address, input={"q": "approve me"}).ticket
+    runtime.run_ticket(ticket_id=ticket.id)
+    return Ticket.objects.select_related("endpoint").get(id=ticket.id)

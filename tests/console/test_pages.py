@@ -7,16 +7,17 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from config.errors import InvalidTransition
 from console import views
 from console.owners import create_owner
+from recovery import services as recovery_services
 from recovery.models import Decision, Inspection, Lesson
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
-from .helpers import quarantined_case
+from .helpers import finished_gated_ticket, quarantined_case
 
 HX = {"HTTP_HX_REQUEST": "true"}
 
@@ -43,6 +44,13 @@ def ticket(echo):
 
 def is_full_page(response) -> bool:
     return b"<html" in response.content
+
+
+def alert_text(response) -> str:
+    """The first refusal shown to the user (a service's ``detail``)."""
+    match = re.search(r'role="alert">([^<]*)<', response.content.decode())
+    assert match, "no alert in the response"
+    return match.group(1)
 
 
 # --- Who may see what ---------------------------------------------------------------------
@@ -206,54 +214,66 @@ def test_ticket_detail_shows_turn_events_and_trace_link(client, member, case):
     assert "recovering" in body
 
 
-def _awaiting_approval(ticket):
-    # Fixture shortcut: the delivery service that sets this is not under test here.
-    Ticket.objects.filter(id=ticket.id).update(delivery_state="awaiting_approval")
+@pytest.fixture
+def gated(db):
+    ticket = finished_gated_ticket("con.gated")
+    assert ticket.state == "succeeded"
+    assert ticket.delivery_state == "awaiting_approval"
+    return ticket
 
 
-def test_approve_button_only_for_owners(client, member, case):
-    _awaiting_approval(case.ticket)
-    owner = create_owner(username="olive", password="pw-olive-1", endpoints=[case.endpoint.address])
-    url = f"/tickets/{case.ticket_id}/"
+@pytest.fixture
+def gate_owner(gated):
+    return create_owner(username="gus", password="pw-gus-1", endpoints=["con.gated"])
+
+
+def test_approve_button_only_for_owners(client, member, gate_owner, gated):
+    url = f"/tickets/{gated.id}/"
     client.force_login(member)
-    assert b"Approve result" not in client.get(url).content
-    client.force_login(owner)
+    body = client.get(url).content.decode()
+    assert "Approve result" not in body
+    assert "Awaiting approval by an owner of con.gated" in body
+    client.force_login(gate_owner)
     assert b"Approve result" in client.get(url).content
 
 
-def test_non_owner_cannot_approve(client, member, case, monkeypatch):
-    _awaiting_approval(case.ticket)
-    calls = []
-    monkeypatch.setattr("tickets.delivery.approve_ticket", lambda **kw: calls.append(kw))
+def test_non_owner_cannot_approve(client, member, gated):
     client.force_login(member)
-    response = client.post(f"/tickets/{case.ticket_id}/approve/", **HX)
+    response = client.post(f"/tickets/{gated.id}/approve/", **HX)
     assert response.status_code == 403
-    assert calls == []
+    gated.refresh_from_db()
+    assert gated.delivery_state == "awaiting_approval"
+    assert gated.approved_at is None
 
 
-def test_owner_approval_calls_the_service(client, owner, case, monkeypatch):
-    _awaiting_approval(case.ticket)
-    calls = []
-    monkeypatch.setattr("tickets.delivery.approve_ticket", lambda **kw: calls.append(kw))
-    client.force_login(owner)
-    response = client.post(f"/tickets/{case.ticket_id}/approve/")
+def test_owner_approves_through_htmx(client, gate_owner, gated):
+    client.force_login(gate_owner)
+    response = client.post(f"/tickets/{gated.id}/approve/", **HX)
+    assert response.status_code == 200
+    assert not is_full_page(response)
+    body = response.content.decode()
+    assert "Result approved" in body
+    assert "Approve result" not in body  # approved: the button is gone
+    gated.refresh_from_db()
+    assert gated.approved_by == gate_owner
+    assert gated.delivery_state != "awaiting_approval"
+
+
+def test_owner_approval_without_htmx_redirects_back(client, gate_owner, gated):
+    client.force_login(gate_owner)
+    response = client.post(f"/tickets/{gated.id}/approve/")
     assert response.status_code == 302
-    assert calls == [{"ticket_id": case.ticket_id, "user": owner}]
+    assert response["Location"] == f"/tickets/{gated.id}/"
     assert b"Result approved" in client.get(response["Location"]).content
 
 
-def test_refused_approval_shows_the_services_reason(client, owner, case, monkeypatch):
-    _awaiting_approval(case.ticket)
-
-    def refuse(**kw):
-        raise InvalidTransition("the ticket is not awaiting approval", state="pending")
-
-    monkeypatch.setattr("tickets.delivery.approve_ticket", refuse)
+def test_refused_approval_shows_the_services_reason(client, owner, case):
+    # The case's ticket is recovering, not finished: the service refuses.
     client.force_login(owner)
     response = client.post(f"/tickets/{case.ticket_id}/approve/", **HX)
     assert response.status_code == 422
     assert not is_full_page(response)
-    assert b"the ticket is not awaiting approval" in response.content
+    assert "recovering" in alert_text(response)
 
 
 # --- Traces -------------------------------------------------------------------------------------
@@ -427,33 +447,35 @@ def test_decision_must_rest_on_an_inspection_of_this_case(client, owner, case):
     assert not Decision.objects.filter(case=case).exists()
 
 
-def test_refused_decision_shows_the_services_reason_in_the_region(client, owner, case, monkeypatch):
-    from recovery import services
-
+def test_a_decision_raced_by_another_owner_shows_the_services_reason(client, owner, case):
     client.force_login(owner)
     client.post(f"/recovery/{case.id}/inspections/")
     inspection = Inspection.objects.get(case=case)
-
-    def refuse(**kw):
-        raise InvalidTransition("case is already decided", state="decided")
-
-    monkeypatch.setattr(services, "decide", refuse)
+    # Another owner decides first, while this one still has the form open.
+    staff = get_user_model().objects.create_user("sam", password="pw-sam-1", is_staff=True)
+    recovery_services.decide(
+        case_id=case.id,
+        user=staff,
+        action="finalize_orphan",
+        inspection_id=inspection.id,
+        rationale="first",
+    )
     response = client.post(
         f"/recovery/{case.id}/decisions/",
         {
-            "decision-action": "finalize_orphan",
+            "decision-action": "authorize_rerun",
             "decision-inspection": str(inspection.id),
-            "decision-rationale": "orphan it: the host is gone",
+            "decision-rationale": "re-run it under a new identity",
         },
         **HX,
     )
     assert response.status_code == 422
     assert not is_full_page(response)
-    body = response.content.decode()
-    assert "case is already decided" in body
-    assert 'id="casework"' in body
-    # What the owner typed is kept for a second try.
-    assert "orphan it: the host is gone</textarea>" in body
+    assert 'id="casework"' in response.content.decode()
+    assert "decided" in alert_text(response)
+    # What the owner typed is kept, beside the reason it was refused.
+    assert "re-run it under a new identity</textarea>" in response.content.decode()
+    assert Decision.objects.filter(case=case).count() == 1
 
 
 def test_owner_finalizes_and_writes_the_lesson_that_closes_the_case(client, owner, case):
@@ -527,8 +549,7 @@ def test_release_without_evidence_shows_the_services_reason(client, owner, case)
         **HX,
     )
     assert response.status_code == 422
-    alert = re.search(r'role="alert">([^<]*)<', response.content.decode()).group(1)
-    assert "evidence" in alert  # the service's reason, in the form's region
+    assert "evidence" in alert_text(response)  # the service's reason, in the form's region
     assert not Decision.objects.filter(case=case).exists()
 
 
