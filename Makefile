@@ -41,7 +41,7 @@ fmt: install ## ruff fix and format
 	.venv/bin/ruff format .
 
 bench: install services ## benchmarks, each with its ratio to a floor measured in the same run
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) bench/admission.py
+	$(PY) bench/admission.py && $(PY) bench/turns.py
 
 clean: ## remove the virtual environment and var/
 	rm -rf .venv var

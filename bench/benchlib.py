@@ -1,0 +1,169 @@
+"""What both benchmarks share: the scratch database and broker they own, Django
+set-up against them, worker subprocesses, and how figures are summarised.
+
+The benchmarks use only the database ``claimcheck_bench`` and Redis db 11 on
+127.0.0.1: other engineers run test suites against the other databases and
+Redis dbs at the same time, and the benchmarks drop and flush what they use.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DB_NAME = "claimcheck_bench"
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+DATABASE_URL = f"{PG_SERVER}/{DB_NAME}"
+BROKER_URL = "redis://127.0.0.1:6379/11"
+# A hard ceiling for a whole script, whatever happens (a stuck worker, a
+# database blocked by someone else's lock): the script stops itself.
+WALL_LIMIT_S = 900
+
+
+def bench_env() -> dict[str, str]:
+    """The environment of the bench process and of the workers it starts."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DATABASE_URL=DATABASE_URL,
+        CELERY_BROKER_URL=BROKER_URL,
+        PYTHONPATH=str(ROOT),
+        C_FORCE_ROOT="1",  # the machine's shells run as root
+        # No sweeps run (no beat), but keep the re-dispatch sweep out of the
+        # way should someone start one against this database.
+        REDISPATCH_AFTER_S="3600",
+    )
+    return env
+
+
+def start_wall_clock(limit_s: float = WALL_LIMIT_S) -> None:
+    """SIGALRM ends the script after ``limit_s``; the ``finally`` blocks stop
+    the workers it started."""
+
+    def expired(signum, frame):
+        raise TimeoutError(f"benchmark exceeded its wall-clock limit of {limit_s:g}s")
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(int(limit_s))
+
+
+def recreate_database() -> None:
+    """DROP and CREATE ``claimcheck_bench`` (autocommit), then migrate into it."""
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        # FORCE: a worker left over from an interrupted run must not block us.
+        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DB_NAME}")
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--no-input", "-v0"],
+        cwd=ROOT,
+        env=bench_env(),
+        check=True,
+    )
+
+
+def drop_database() -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+
+
+def setup_django() -> None:
+    """Point this process at the scratch database and broker, then set Django up."""
+    os.environ.update(
+        {k: v for k, v in bench_env().items() if k not in ("PYTHONPATH", "C_FORCE_ROOT")}
+    )
+    import django
+
+    django.setup()
+
+
+def flush_broker() -> None:
+    import redis
+
+    redis.Redis.from_url(BROKER_URL).flushdb()
+
+
+def broker_depth(queue: str) -> int:
+    import redis
+
+    return redis.Redis.from_url(BROKER_URL).llen(queue)
+
+
+def wait_for(
+    predicate: Callable[[], object], *, timeout: float, interval: float = 0.02, what: str
+) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Worker:
+    """One Celery worker subprocess in its own process group, logging to a file."""
+
+    def __init__(self, name: str, app: str, queues: str, concurrency: int, log_dir: Path):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", app, "worker",
+                "-Q", queues, "-c", str(concurrency), "-P", "prefork",
+                "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
+                "--without-heartbeat", "--loglevel", "INFO",
+            ],
+            cwd=ROOT,
+            env=bench_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def log(self) -> bytes:
+        return self.log_path.read_bytes()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log().decode()[-3000:]}")
+            return b"ready." in self.log()
+
+        wait_for(ready, timeout=timeout, interval=0.1, what=f"worker {self.name} to be ready")
+
+    def stop(self) -> None:
+        """Warm shutdown of the whole process group; SIGKILL if it lingers."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else float("inf")

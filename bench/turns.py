@@ -1,0 +1,279 @@
+"""The no-op turn pipeline: tickets finished per second through a real Celery
+worker, against raw Celery no-op tasks through a worker of the same
+concurrency on the same broker, measured in the same run.
+
+    .venv/bin/python bench/turns.py [-n 500] [-k 20] [--reps 3] [-c 2] [--profile]
+
+- pipeline: N tickets admitted with ``admit_ticket``, spread round-robin over K
+  endpoints whose runner is ``endpoints.demo.echo`` (one endpoint runs one
+  turn at a time, so K bounds the parallelism), consumed by
+  ``celery -A config worker -Q turns,control -c C``. The clock runs from just
+  before the first admission to the latest ``finished_at`` of the N tickets;
+  the bench polls the database until all are terminal (with a deadline).
+- floor: N ``bench.noop`` tasks (bench/noop_app.py: its own Celery app, no
+  Django) published to the same Redis db and consumed by
+  ``celery -A bench.noop_app worker -Q bench_noop -c C``; the clock runs
+  from just before the first publish to the moment the N-th task finished.
+
+Both workers stay up for the whole run (idle, each costs nothing but a
+blocking BRPOP) and the repetitions alternate pipeline and floor, so both see
+the same background load on this shared machine. A figure is the median over
+repetitions; the ratio is pipeline / floor.
+
+The run also counts the database round trips of one turn (run in this
+process, publishing off), and with ``--profile`` prints the statements and a
+cProfile of a few turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import logging
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib  # noqa: E402
+
+PROBE = "bench.turns-probe"
+
+
+def endpoint_address(i: int) -> str:
+    return f"bench.turns-{i:03d}"
+
+
+def pipeline_round(tag: str, n: int, k: int, timeout: float) -> dict:
+    """Admit N tickets over K endpoints; wait until all are terminal."""
+    from django.db.models import Max
+    from django.utils import timezone
+
+    from tickets.admission import admit_ticket
+    from tickets.models import TERMINAL_STATES, Ticket
+
+    started_at = timezone.now()
+    clock = time.perf_counter()
+    ids = []
+    for i in range(n):
+        admitted = admit_ticket(
+            endpoint=endpoint_address(i % k), input={"i": i}, dedupe_key=f"{tag}-{i}"
+        )
+        ids.append(admitted.ticket.id)
+    admit_s = time.perf_counter() - clock
+    # The finish time comes from the tickets' own finished_at: the poll
+    # interval only decides when we look, not what we measure.
+    benchlib.wait_for(
+        lambda: Ticket.objects.filter(id__in=ids, state__in=TERMINAL_STATES).count() == n,
+        timeout=timeout,
+        interval=0.25,
+        what=f"{n} tickets ({tag}) to be terminal",
+    )
+    finished_at = Ticket.objects.filter(id__in=ids).aggregate(end=Max("finished_at"))["end"]
+    states = Counter(Ticket.objects.filter(id__in=ids).values_list("state", flat=True))
+    seconds = (finished_at - started_at).total_seconds()
+    return {"seconds": seconds, "per_s": benchlib.rate(n, seconds), "admit_s": admit_s,
+            "states": dict(states)}  # fmt: skip
+
+
+def floor_round(n: int, timeout: float) -> dict:
+    """Publish N no-op tasks; wait for the N-th to finish."""
+    import noop_app
+    import redis
+
+    r = redis.Redis.from_url(benchlib.BROKER_URL)
+    r.delete(noop_app.DONE_KEY, noop_app.FINISHED_KEY)
+    started_at = time.time()
+    clock = time.perf_counter()
+    for _ in range(n):
+        noop_app.app.send_task("bench.noop", args=[n], queue=noop_app.QUEUE)
+    publish_s = time.perf_counter() - clock
+    finished = benchlib.wait_for(
+        lambda: r.get(noop_app.FINISHED_KEY),
+        timeout=timeout,
+        interval=0.25,
+        what=f"{n} no-op tasks to finish",
+    )
+    done = int(r.get(noop_app.DONE_KEY))
+    assert done == n, f"{done} no-op tasks ran, expected {n}"
+    seconds = float(finished) - started_at
+    return {"seconds": seconds, "per_s": benchlib.rate(n, seconds), "publish_s": publish_s}
+
+
+@contextmanager
+def quiet_logs():
+    """The runtime's per-turn INFO lines stay out of the bench's output."""
+    logging.disable(logging.INFO)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def probe_turn_queries(turns: int = 3, *, show: bool = False) -> dict:
+    """Run ``turns`` turns in this process (publishing off, on an endpoint the
+    worker never hears of) and count the statements of the last one."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from config.celery import app
+    from endpoints.runtime import run_ticket
+    from tickets.admission import admit_ticket
+
+    with mock.patch.object(app, "send_task", lambda *a, **kw: None), quiet_logs():
+        for i in range(turns):
+            admitted = admit_ticket(endpoint=PROBE, input={"i": i}, dedupe_key=f"probe-{i}")
+            with CaptureQueriesContext(connection) as captured:
+                run_ticket(ticket_id=admitted.ticket.id, celery_task_id=str(uuid.uuid4()))
+    sqls = [q["sql"] for q in captured.captured_queries]
+    savepoints = sum(1 for s in sqls if "SAVEPOINT" in s)
+    if show:
+        print(f"--- statements of one turn ({len(sqls)}) ---")
+        for sql in sqls:
+            print("  " + " ".join(sql.split())[:150])
+    return {"statements": len(sqls), "savepoint_statements": savepoints}
+
+
+def profile_turns(count: int) -> None:
+    from config.celery import app
+    from endpoints.runtime import run_ticket
+    from tickets.admission import admit_ticket
+
+    with mock.patch.object(app, "send_task", lambda *a, **kw: None), quiet_logs():
+        ids = [
+            admit_ticket(endpoint=PROBE, input={"i": i}, dedupe_key=f"prof-{i}").ticket.id
+            for i in range(count)
+        ]
+        prof = cProfile.Profile()
+        clock = time.perf_counter()
+        prof.runcall(lambda: [run_ticket(ticket_id=t, celery_task_id="prof") for t in ids])
+        seconds = time.perf_counter() - clock
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(35)
+    print(f"--- cProfile: {count} turns in this process, {seconds / count * 1e3:.1f} ms each ---")
+    print(out.getvalue())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=500, help="tickets (and no-op tasks) per rep")
+    parser.add_argument("-k", type=int, default=20, help="endpoints the tickets spread over")
+    parser.add_argument("-c", "--concurrency", type=int, default=2, help="worker processes")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (<= 7)")
+    parser.add_argument("--timeout", type=float, default=150.0, help="deadline per round, s")
+    parser.add_argument("--profile", action="store_true", help="print a turn's SQL and cProfile")
+    parser.add_argument("--keep", action="store_true", help="keep claimcheck_bench afterwards")
+    args = parser.parse_args()
+    n, k, reps = min(args.n, 5000), max(1, min(args.k, 200)), min(args.reps, 7)
+    conc = max(1, min(args.concurrency, 8))
+    benchlib.start_wall_clock()
+
+    benchlib.recreate_database()
+    benchlib.flush_broker()
+    benchlib.setup_django()
+
+    from django.db import connection
+
+    from endpoints.services import create_endpoint
+
+    runner = {"kind": "python", "path": "endpoints.demo.echo"}
+    for i in range(k):
+        create_endpoint(address=endpoint_address(i), runner=runner)
+    create_endpoint(address=PROBE, runner=runner)
+
+    log_dir = Path(tempfile.mkdtemp(prefix="claimcheck-bench-turns-"))
+    workers: list[benchlib.Worker] = []
+    pipeline: list[dict] = []
+    floor: list[dict] = []
+    try:
+        workers.append(benchlib.Worker("bench-turns", "config", "turns,control", conc, log_dir))
+        workers.append(benchlib.Worker("bench-noop", "bench.noop_app", "bench_noop", conc, log_dir))
+        for w in workers:
+            w.wait_ready()
+        # Warm up: every pool process imports, connects and runs a few tasks.
+        pipeline_round("warm", 2 * k, k, args.timeout)
+        floor_round(4 * conc, args.timeout)
+        for rep in range(reps):
+            pipeline.append(pipeline_round(f"r{rep}", n, k, args.timeout))
+            floor.append(floor_round(n, args.timeout))
+            p, f = pipeline[-1], floor[-1]
+            print(
+                f"  rep {rep + 1}/{reps}: pipeline {p['per_s']:.0f} tickets/s "
+                f"({p['seconds']:.2f}s, admitting took {p['admit_s']:.2f}s, {p['states']})  "
+                f"floor {f['per_s']:.0f} tasks/s ({f['seconds']:.2f}s, "
+                f"publishing took {f['publish_s']:.2f}s)  ratio {p['per_s'] / f['per_s']:.2f}",
+                flush=True,
+            )
+        queries = probe_turn_queries(show=args.profile)
+        if args.profile:
+            profile_turns(50)
+    except BaseException:
+        print(f"worker logs kept in {log_dir}", file=sys.stderr)
+        raise
+    finally:
+        for w in workers:
+            w.stop()
+        # Dispatch messages the worker took per ticket: the admission's, plus
+        # the one ``dispatch_next`` publishes when a turn releases the lock.
+        received = workers[0].log().count(b"] received") if workers else 0
+        benchlib.flush_broker()
+        connection.close()
+        if not args.keep:
+            benchlib.drop_database()
+
+    tickets_total = 2 * k + n * len(pipeline)
+    messages_per_ticket = round(received / tickets_total, 2)
+    failed = 0
+    for p in pipeline:
+        failed += sum(c for s, c in p["states"].items() if s != "succeeded")
+    med_p = benchlib.median([p["per_s"] for p in pipeline])
+    med_f = benchlib.median([f["per_s"] for f in floor])
+    ratio = round(med_p / med_f, 3)
+    print(
+        f"turns (no-op echo, {k} endpoints, -c {conc}): {med_p:.0f} tickets/s  "
+        f"raw Celery no-op floor: {med_f:.0f} tasks/s  ratio {ratio:.2f}"
+    )
+    print(
+        f"per ticket: {1e3 * conc / med_p:.1f} ms of a worker process vs "
+        f"{1e3 * conc / med_f:.1f} ms per no-op task; "
+        f"one turn runs {queries['statements']} SQL statements "
+        f"({queries['savepoint_statements']} of them SAVEPOINT/RELEASE); "
+        f"the worker took {messages_per_ticket} dispatch messages per ticket"
+    )
+    if failed:
+        print(f"WARNING: {failed} ticket(s) did not succeed")
+    summary = {
+        "bench": "turns",
+        "n": n,
+        "endpoints": k,
+        "concurrency": conc,
+        "reps": reps,
+        "per_s": {"pipeline": round(med_p, 1), "floor": round(med_f, 1)},
+        "per_s_runs": {
+            "pipeline": [round(p["per_s"], 1) for p in pipeline],
+            "floor": [round(f["per_s"], 1) for f in floor],
+        },
+        "ratio": ratio,
+        "turn_queries": queries,
+        "messages_per_ticket": messages_per_ticket,
+        "not_succeeded": failed,
+    }
+    print(json.dumps(summary, separators=(",", ":")))
+    if args.keep:
+        print(f"worker logs: {log_dir}")
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
