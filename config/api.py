@@ -58,13 +58,21 @@ def _validation_error(request, exc: ValidationError):
 
 @api.exception_handler(AuthenticationError)
 def _unauthenticated(request, exc):
-    return error_response(401, "unauthenticated", "a valid 'Authorization: Bearer <key>' is required")
+    return error_response(
+        401, "unauthenticated", "a valid 'Authorization: Bearer <key>' is required"
+    )
 
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
-    codes = {400: "invalid", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
-             405: "invalid", 413: "too_large"}
+    codes = {
+        400: "invalid",
+        401: "unauthenticated",
+        403: "forbidden",
+        404: "not_found",
+        405: "invalid",
+        413: "too_large",
+    }
     return error_response(exc.status_code, codes.get(exc.status_code, "invalid"), str(exc))
 
 

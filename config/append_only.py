@@ -35,7 +35,8 @@ def _forward(tables):
                 for op in ("UPDATE", "DELETE"):
                     schema_editor.execute(
                         f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
-                        f"BEGIN SELECT RAISE(ABORT, 'append-only table {table}: {op} refused'); END;"
+                        f"BEGIN SELECT RAISE(ABORT, 'append-only table {table}: {op} refused'); "
+                        "END;"
                     )
             else:  # pragma: no cover - only the two supported backends
                 raise RuntimeError(f"append-only triggers not written for {vendor}")

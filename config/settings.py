@@ -7,6 +7,7 @@ filesystem transport under ``var/broker/``. Production and the test suite set
 
 from __future__ import annotations
 
+import base64
 import secrets
 from pathlib import Path
 
@@ -19,12 +20,12 @@ VAR_DIR = Path(env.str("CLAIMCHECK_VAR_DIR", default=str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
-def _generated_secret(name: str) -> str:
+def _generated_secret(name: str, make=lambda: secrets.token_urlsafe(48)) -> str:
     """A secret generated once into var/ and kept there (mode 0600)."""
     path = VAR_DIR / name
     if not path.exists():
         path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(48))
+        path.write_text(make())
     return path.read_text().strip()
 
 
@@ -133,9 +134,13 @@ REDISPATCH_AFTER_S = env.float("REDISPATCH_AFTER_S", default=10.0)
 ADMISSION_MAX_WAIT_S = env.float("ADMISSION_MAX_WAIT_S", default=60.0)
 
 DELIVERY_ALLOWED_HOSTS = env.list("DELIVERY_ALLOWED_HOSTS", default=[])
-DELIVERY_SIGNING_SECRET = env.str("DELIVERY_SIGNING_SECRET", default="") or (
-    "whsec_" + _generated_secret("delivery_signing_secret")
+# Standard Webhooks keys are "whsec_" + standard base64 of the raw key bytes.
+DELIVERY_SIGNING_SECRET = env.str("DELIVERY_SIGNING_SECRET", default="") or _generated_secret(
+    "webhook_signing_secret",
+    lambda: "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode(),
 )
+DELIVERY_BACKOFF_BASE_S = env.float("DELIVERY_BACKOFF_BASE_S", default=2.0)
+DELIVERY_BACKOFF_CAP_S = env.float("DELIVERY_BACKOFF_CAP_S", default=600.0)
 DELIVERY_MAX_ATTEMPTS = env.int("DELIVERY_MAX_ATTEMPTS", default=8)
 DELIVERY_TIMEOUT_S = env.float("DELIVERY_TIMEOUT_S", default=10.0)
 OBLIGATION_UPDATE_INTERVAL_S = env.int("OBLIGATION_UPDATE_INTERVAL_S", default=3600)

@@ -62,11 +62,15 @@ def research(ctx: TurnContext) -> Wait | Resume:
     children = ctx.children_of(parent)
     done = [c for c in children if c["state"] in ("succeeded", "failed", "cancelled", "orphaned")]
     if len(done) < len(children):
-        return Resume(ticket=parent, keep_waiting=True,
-                      own_result={"waiting": len(children) - len(done)})
+        return Resume(
+            ticket=parent, keep_waiting=True, own_result={"waiting": len(children) - len(done)}
+        )
     return Resume(
         ticket=parent,
-        result={"children": [{"id": c["id"], "state": c["state"], "result": c["result"]}
-                             for c in children]},
+        result={
+            "children": [
+                {"id": c["id"], "state": c["state"], "result": c["result"]} for c in children
+            ]
+        },
         own_result={"completed": parent},
     )

@@ -109,6 +109,9 @@ class EndpointLock(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"lock of {self.endpoint_id} held by {self.holder_id or 'nobody'}"
+
 
 class TurnState(models.TextChoices):
     # running -> completed | failed | interrupting -> stopped | uncertain
@@ -180,3 +183,6 @@ class ContextEntry(models.Model):
     class Meta:
         ordering = ["endpoint_id", "seq"]
         indexes = [models.Index(fields=["endpoint", "-seq"], name="context_recent_idx")]
+
+    def __str__(self) -> str:
+        return f"context {self.endpoint_id} #{self.seq}"

@@ -352,4 +352,3 @@ def cancel_http_turn(runner: dict[str, Any], turn_id: uuid.UUID, seq: int) -> No
 
 def heartbeat_interval(heartbeat_timeout_s: float) -> float:
     return max(0.2, min(heartbeat_timeout_s / 3, 5.0))
-

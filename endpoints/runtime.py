@@ -102,9 +102,9 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
             return None
         # The fencing token: strictly increasing per endpoint. Conditional on
         # the endpoint being available: quarantine fails closed.
-        bumped = Endpoint.objects.filter(
-            id=endpoint_id, state=EndpointState.AVAILABLE
-        ).update(turn_seq=F("turn_seq") + 1)
+        bumped = Endpoint.objects.filter(id=endpoint_id, state=EndpointState.AVAILABLE).update(
+            turn_seq=F("turn_seq") + 1
+        )
         if not bumped:
             return None
         endpoint = Endpoint.objects.get(id=endpoint_id)
@@ -224,8 +224,9 @@ def run_ticket(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> uuid.UUID |
         _heartbeat=beater.beat,
         _children_of=lambda parent: _children_of(endpoint.id, parent),
     )
-    log.info("turn %s seq %s started for ticket %s on %s", turn.id, turn.seq, ticket.id,
-             endpoint.address)
+    log.info(
+        "turn %s seq %s started for ticket %s on %s", turn.id, turn.seq, ticket.id, endpoint.address
+    )
     beater.start()
     try:
         outcome = runners.run(ctx)
@@ -401,8 +402,14 @@ def _apply(*, ticket: Ticket, turn: Turn, outcome: Outcome, source: str) -> str:
                 "budget_s": turn.endpoint.turn_budget_s,
             }
         lifecycle.transition(
-            ticket_id=ticket.id, expected=[TicketState.RUNNING], to=to, kind="turn_stopped",
-            actor=actor, turn_id=turn.id, detail={"evidence": evidence}, error=error,
+            ticket_id=ticket.id,
+            expected=[TicketState.RUNNING],
+            to=to,
+            kind="turn_stopped",
+            actor=actor,
+            turn_id=turn.id,
+            detail={"evidence": evidence},
+            error=error,
         )
         return to
 
@@ -415,21 +422,34 @@ def _apply(*, ticket: Ticket, turn: Turn, outcome: Outcome, source: str) -> str:
         if outcome.resume is not None:
             _apply_resume(ticket=ticket, turn=turn, resume=outcome.resume, actor=actor)
         lifecycle.transition(
-            ticket_id=ticket.id, expected=[TicketState.RUNNING], to=TicketState.SUCCEEDED,
-            kind="turn_completed", actor=actor, turn_id=turn.id,
-            result=outcome.result, artifacts=outcome.artifacts,
+            ticket_id=ticket.id,
+            expected=[TicketState.RUNNING],
+            to=TicketState.SUCCEEDED,
+            kind="turn_completed",
+            actor=actor,
+            turn_id=turn.id,
+            result=outcome.result,
+            artifacts=outcome.artifacts,
         )
         _record_callback(ticket, actor)
         return TicketState.SUCCEEDED
 
     # failure (or anything unexpected, which is a failure too)
-    error = outcome.error if outcome.kind == "failure" else {
-        "code": "bad_outcome", "detail": f"runner outcome {outcome.kind!r}"}
+    error = (
+        outcome.error
+        if outcome.kind == "failure"
+        else {"code": "bad_outcome", "detail": f"runner outcome {outcome.kind!r}"}
+    )
     _end_turn(turn, TurnState.FAILED)
     _context_entry(ticket, turn, {"error": error}, [])
     lifecycle.transition(
-        ticket_id=ticket.id, expected=[TicketState.RUNNING], to=TicketState.FAILED,
-        kind="turn_failed", actor=actor, turn_id=turn.id, error=error,
+        ticket_id=ticket.id,
+        expected=[TicketState.RUNNING],
+        to=TicketState.FAILED,
+        kind="turn_failed",
+        actor=actor,
+        turn_id=turn.id,
+        error=error,
     )
     _record_callback(ticket, actor)
     return TicketState.FAILED
@@ -437,8 +457,13 @@ def _apply(*, ticket: Ticket, turn: Turn, outcome: Outcome, source: str) -> str:
 
 def _context_entry(ticket: Ticket, turn: Turn, result: Any, artifacts: list) -> None:
     ContextEntry.objects.create(
-        endpoint_id=turn.endpoint_id, turn=turn, ticket=ticket, seq=turn.seq,
-        input=ticket.input, result=result, artifacts=artifacts,
+        endpoint_id=turn.endpoint_id,
+        turn=turn,
+        ticket=ticket,
+        seq=turn.seq,
+        input=ticket.input,
+        result=result,
+        artifacts=artifacts,
     )
 
 
@@ -467,16 +492,25 @@ def _apply_wait(*, ticket: Ticket, turn: Turn, outcome: Outcome, actor: str) -> 
         _end_turn(turn, TurnState.FAILED)
         error = {"code": exc.code, "detail": f"cannot dispatch children: {exc.detail}"}
         lifecycle.transition(
-            ticket_id=ticket.id, expected=[TicketState.RUNNING], to=TicketState.FAILED,
-            kind="turn_failed", actor=actor, turn_id=turn.id, error=error,
+            ticket_id=ticket.id,
+            expected=[TicketState.RUNNING],
+            to=TicketState.FAILED,
+            kind="turn_failed",
+            actor=actor,
+            turn_id=turn.id,
+            error=error,
         )
         _record_callback(ticket, actor)
         return TicketState.FAILED
     _end_turn(turn, TurnState.COMPLETED)
     _context_entry(ticket, turn, {"waiting_for": children}, [])
     lifecycle.transition(
-        ticket_id=ticket.id, expected=[TicketState.RUNNING], to=TicketState.WAITING,
-        kind="waiting_for_children", actor=actor, turn_id=turn.id,
+        ticket_id=ticket.id,
+        expected=[TicketState.RUNNING],
+        to=TicketState.WAITING,
+        kind="waiting_for_children",
+        actor=actor,
+        turn_id=turn.id,
         detail={"children": children, "continuation": wait.continuation},
     )
     return TicketState.WAITING
@@ -490,39 +524,57 @@ def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: 
         target_id = uuid.UUID(str(resume.ticket))
     except ValueError:
         target_id = None
-    target = (
-        Ticket.objects.select_for_update().filter(id=target_id).first() if target_id else None
-    )
+    target = Ticket.objects.select_for_update().filter(id=target_id).first() if target_id else None
     if target is None or target.endpoint_id != turn.endpoint_id:
         lifecycle.append_event(
-            ticket_id=ticket.id, kind="resume_refused", actor=actor, turn_id=turn.id,
+            ticket_id=ticket.id,
+            kind="resume_refused",
+            actor=actor,
+            turn_id=turn.id,
             detail={"target": str(resume.ticket), "why": "not a ticket of this endpoint"},
         )
         return
     if target.state != TicketState.WAITING:
         lifecycle.append_event(
-            ticket_id=ticket.id, kind="resume_ignored", actor=actor, turn_id=turn.id,
+            ticket_id=ticket.id,
+            kind="resume_ignored",
+            actor=actor,
+            turn_id=turn.id,
             detail={"target": str(target.id), "target_state": target.state},
         )
         return
     if resume.keep_waiting:
         lifecycle.append_event(
-            ticket_id=target.id, kind="still_waiting", actor=actor, turn_id=turn.id,
+            ticket_id=target.id,
+            kind="still_waiting",
+            actor=actor,
+            turn_id=turn.id,
             detail={"callback": str(ticket.id)},
         )
         return
     if resume.error is not None:
         lifecycle.transition(
-            ticket_id=target.id, expected=[TicketState.WAITING], to=TicketState.FAILED,
-            kind="resumed", actor=actor, turn_id=turn.id, completed_by_turn=turn,
+            ticket_id=target.id,
+            expected=[TicketState.WAITING],
+            to=TicketState.FAILED,
+            kind="resumed",
+            actor=actor,
+            turn_id=turn.id,
+            completed_by_turn=turn,
             error=resume.error if isinstance(resume.error, dict) else {"detail": resume.error},
             detail={"callback": str(ticket.id)},
         )
     else:
         lifecycle.transition(
-            ticket_id=target.id, expected=[TicketState.WAITING], to=TicketState.SUCCEEDED,
-            kind="resumed", actor=actor, turn_id=turn.id, completed_by_turn=turn,
-            result=resume.result, detail={"callback": str(ticket.id)},
+            ticket_id=target.id,
+            expected=[TicketState.WAITING],
+            to=TicketState.SUCCEEDED,
+            kind="resumed",
+            actor=actor,
+            turn_id=turn.id,
+            completed_by_turn=turn,
+            result=resume.result,
+            detail={"callback": str(ticket.id)},
         )
 
 
@@ -535,8 +587,11 @@ def _record_callback(ticket: Ticket, actor: str) -> None:
     ).exists()
     if accepted:
         lifecycle.update_fields(
-            ticket_id=ticket.callback_for_id, kind="callback_recorded", actor=actor,
-            detail={"callback": str(ticket.id)}, callback_state=CallbackState.RECORDED,
+            ticket_id=ticket.callback_for_id,
+            kind="callback_recorded",
+            actor=actor,
+            detail={"callback": str(ticket.id)},
+            callback_state=CallbackState.RECORDED,
         )
 
 
@@ -564,9 +619,7 @@ def dispatch_next(*, endpoint_id: int) -> None:
 # --- Stale evidence -----------------------------------------------------------------------
 
 
-def _record_stale(
-    *, turn: Turn, seq: int, kind: str, source: str, detail: dict[str, Any]
-) -> None:
+def _record_stale(*, turn: Turn, seq: int, kind: str, source: str, detail: dict[str, Any]) -> None:
     """A late or foreign outcome: an event on the ticket, and evidence on the
     open recovery case when the turn is the uncertain one. Nothing else."""
     from recovery.models import CaseEvidence, CaseState, RecoveryCase
@@ -586,8 +639,11 @@ def _record_stale(
     )
     if case is not None:
         CaseEvidence.objects.create(
-            case=case, kind=f"late_{kind}", seq=seq,
-            detail={"source": source, **detail}, at=timezone.now(),
+            case=case,
+            kind=f"late_{kind}",
+            seq=seq,
+            detail={"source": source, **detail},
+            at=timezone.now(),
         )
 
 
@@ -610,9 +666,11 @@ def request_interrupt(*, turn_id: uuid.UUID | None, reason: str, actor: str) -> 
             return False
         turn = Turn.objects.select_related("endpoint").get(id=turn_id)
         lifecycle.append_event(
-            ticket_id=turn.ticket_id, kind="interrupt_requested", actor=actor, turn_id=turn.id,
-            detail={"seq": turn.seq, "reason": reason,
-                    "grace_s": turn.endpoint.interrupt_grace_s},
+            ticket_id=turn.ticket_id,
+            kind="interrupt_requested",
+            actor=actor,
+            turn_id=turn.id,
+            detail={"seq": turn.seq, "reason": reason, "grace_s": turn.endpoint.interrupt_grace_s},
         )
         if turn.runner_kind == RunnerKind.HTTP:
             runner, seq = turn.endpoint.runner, turn.seq
@@ -647,17 +705,29 @@ def quarantine_turn(*, turn_id: uuid.UUID) -> uuid.UUID | None:
             f"{turn.endpoint.interrupt_grace_s:g}s"
         )
         lifecycle.transition(
-            ticket_id=turn.ticket_id, expected=[TicketState.RUNNING], to=TicketState.RECOVERING,
-            kind="turn_uncertain", actor="sweeper", turn_id=turn.id, detail={"reason": reason},
+            ticket_id=turn.ticket_id,
+            expected=[TicketState.RUNNING],
+            to=TicketState.RECOVERING,
+            kind="turn_uncertain",
+            actor="sweeper",
+            turn_id=turn.id,
+            detail={"reason": reason},
         )
         Endpoint.objects.filter(id=turn.endpoint_id).update(state=EndpointState.QUARANTINED)
         case = RecoveryCase.objects.create(
-            endpoint_id=turn.endpoint_id, turn=turn, ticket_id=turn.ticket_id,
-            reason=reason, state=CaseState.OPEN, opened_at=now,
+            endpoint_id=turn.endpoint_id,
+            turn=turn,
+            ticket_id=turn.ticket_id,
+            reason=reason,
+            state=CaseState.OPEN,
+            opened_at=now,
         )
         lifecycle.append_event(
-            ticket_id=turn.ticket_id, kind="endpoint_quarantined", actor="sweeper",
-            turn_id=turn.id, detail={"case": str(case.id), "endpoint": turn.endpoint.address},
+            ticket_id=turn.ticket_id,
+            kind="endpoint_quarantined",
+            actor="sweeper",
+            turn_id=turn.id,
+            detail={"case": str(case.id), "endpoint": turn.endpoint.address},
         )
     log.error("endpoint %s quarantined: %s (case %s)", turn.endpoint.address, reason, case.id)
     return case.id
@@ -711,22 +781,23 @@ def sweep_budgets() -> SweepReport:
             report.skipped = True
             return report
         now = timezone.now()
-        active = list(
-            Turn.objects.filter(state__in=TURN_ACTIVE_STATES).select_related("endpoint")
-        )
+        active = list(Turn.objects.filter(state__in=TURN_ACTIVE_STATES).select_related("endpoint"))
         for turn in active:
             if turn.state == TurnState.RUNNING:
                 hb_limit = timedelta(seconds=turn.endpoint.heartbeat_timeout_s)
                 reason = (
-                    "deadline" if turn.deadline_at <= now
-                    else "heartbeat" if turn.heartbeat_at + hb_limit <= now
+                    "deadline"
+                    if turn.deadline_at <= now
+                    else "heartbeat"
+                    if turn.heartbeat_at + hb_limit <= now
                     else None
                 )
                 if reason and request_interrupt(turn_id=turn.id, reason=reason, actor="sweeper"):
                     report.interrupted.append(turn.id)
-            elif turn.interrupt_requested_at + timedelta(
-                seconds=turn.endpoint.interrupt_grace_s
-            ) <= now:
+            elif (
+                turn.interrupt_requested_at + timedelta(seconds=turn.endpoint.interrupt_grace_s)
+                <= now
+            ):
                 case = quarantine_turn(turn_id=turn.id)
                 if case is not None:
                     report.quarantined.append(case)
@@ -761,7 +832,6 @@ def sweep_lost_dispatches() -> list[uuid.UUID]:
     return published
 
 
-
 # --- Leaving quarantine (called by recovery decisions only) ------------------------------------
 
 
@@ -790,19 +860,25 @@ def resolve_uncertain_turn(
         fields: dict[str, Any] = {"state": resolution, "ended_at": now}
         if evidence is not None:
             fields["stop_evidence"] = {
-                "kind": "owner_evidence", "observed_at": now.isoformat(), "seq": turn.seq,
-                "detail": evidence, "actor": actor,
+                "kind": "owner_evidence",
+                "observed_at": now.isoformat(),
+                "seq": turn.seq,
+                "detail": evidence,
+                "actor": actor,
             }
         if not Turn.objects.filter(id=turn_id, state=TurnState.UNCERTAIN).update(**fields):
             raise InvalidTransition(f"turn {turn_id} is not uncertain", state=turn.state)
         EndpointLock.objects.filter(endpoint_id=turn.endpoint_id, holder_id=turn_id).update(
             holder=None, token=None, acquired_at=None
         )
-        left = Endpoint.objects.filter(
-            id=turn.endpoint_id, state=EndpointState.QUARANTINED
-        ).update(state=EndpointState.AVAILABLE)
+        left = Endpoint.objects.filter(id=turn.endpoint_id, state=EndpointState.QUARANTINED).update(
+            state=EndpointState.AVAILABLE
+        )
         lifecycle.append_event(
-            ticket_id=turn.ticket_id, kind="turn_resolved", actor=actor, turn_id=turn.id,
+            ticket_id=turn.ticket_id,
+            kind="turn_resolved",
+            actor=actor,
+            turn_id=turn.id,
             detail={"resolution": resolution, "endpoint_released": bool(left)},
         )
         dispatch_next(endpoint_id=turn.endpoint_id)

@@ -35,9 +35,11 @@ def validate_runner(runner: Any) -> dict[str, Any]:
     elif kind == RunnerKind.HTTP:
         for key in ("url", "cancel_url"):
             url = runner.get(key)
-            if key == "url" or url is not None:
-                if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                    raise Invalid(f"an http runner needs {key}: an http(s) URL")
+            required = key == "url" or url is not None
+            if required and (
+                not isinstance(url, str) or not url.startswith(("http://", "https://"))
+            ):
+                raise Invalid(f"an http runner needs {key}: an http(s) URL")
     else:
         raise Invalid(f"runner kind must be one of {', '.join(RunnerKind.values)}")
     return runner

@@ -3,6 +3,7 @@ Redis, and real Celery worker and beat processes for integration tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,8 +26,13 @@ def pytest_configure(config):
         )
 
 
-def wait_for(predicate: Callable[[], object], *, timeout: float = 20.0, interval: float = 0.05,
-             message: str = "condition"):
+def wait_for(
+    predicate: Callable[[], object],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    message: str = "condition",
+):
     """Poll ``predicate`` until it returns something truthy; fail at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
@@ -67,12 +73,17 @@ def api(client, api_key):
 
         def post(self, path, body=None, headers=None, raw=None):
             data = raw if raw is not None else __import__("json").dumps(body or {})
-            return client.post(f"/api/v1{path}", data, content_type="application/json",
-                               **self._headers(headers))
+            return client.post(
+                f"/api/v1{path}", data, content_type="application/json", **self._headers(headers)
+            )
 
         def patch(self, path, body=None, headers=None):
-            return client.patch(f"/api/v1{path}", __import__("json").dumps(body or {}),
-                                content_type="application/json", **self._headers(headers))
+            return client.patch(
+                f"/api/v1{path}",
+                __import__("json").dumps(body or {}),
+                content_type="application/json",
+                **self._headers(headers),
+            )
 
         def as_key(self, key):
             return Api(key)
@@ -126,20 +137,41 @@ class Processes:
         with open(self.tmp / f"{name}.log", "ab") as log:  # the child keeps its own copy
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "config", *args],
-                cwd=ROOT, env=_test_env(), stdout=log, stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=_test_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         self.procs[name] = proc
         return proc
 
-    def worker(self, name: str = "turns", queues: str = "turns,control", concurrency: int = 3,
-               ready_timeout: float = 30.0) -> subprocess.Popen:
+    def worker(
+        self,
+        name: str = "turns",
+        queues: str = "turns,control",
+        concurrency: int = 3,
+        ready_timeout: float = 30.0,
+    ) -> subprocess.Popen:
         proc = self.start(
-            name, "worker", "-Q", queues, "-c", str(concurrency), "-n", f"{name}@%h",
-            "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+            name,
+            "worker",
+            "-Q",
+            queues,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
         )
-        wait_for(lambda: b"ready." in self.log(name), timeout=ready_timeout,
-                 message=f"worker {name} to be ready")
+        wait_for(
+            lambda: b"ready." in self.log(name),
+            timeout=ready_timeout,
+            message=f"worker {name} to be ready",
+        )
         return proc
 
     def beat(self) -> subprocess.Popen:
@@ -159,10 +191,8 @@ class Processes:
             os.killpg(proc.pid, sig)
             proc.wait(timeout=8)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
 
     def stop_all(self) -> None:

@@ -53,19 +53,11 @@ from .selectors import ticket_payload
 
 log = logging.getLogger(__name__)
 
-# Retry schedule: exponential backoff with full jitter. Read through
-# ``_setting`` so they can be tuned (and shortened in tests) in settings.
-BACKOFF_BASE_S = 2.0
-BACKOFF_CAP_S = 600.0
 # A claimed attempt owns the delivery until the HTTP timeout plus this margin;
 # if its worker dies mid-send, the sweep sends again once the lease runs out.
 CLAIM_MARGIN_S = 30.0
 MAX_ERROR_CHARS = 2000
 SWEEP_BATCH = 200
-
-
-def _setting(name: str, default: Any) -> Any:
-    return getattr(settings, name, default)
 
 
 # --- URL policy ---------------------------------------------------------------------------
@@ -307,8 +299,8 @@ def backoff_s(attempt: int) -> float:
     """Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))] (AWS's
     "Exponential Backoff And Jitter"): spreads retries of many deliveries to
     one struggling receiver instead of synchronising them."""
-    base = float(_setting("DELIVERY_BACKOFF_BASE_S", BACKOFF_BASE_S))
-    cap = float(_setting("DELIVERY_BACKOFF_CAP_S", BACKOFF_CAP_S))
+    base = settings.DELIVERY_BACKOFF_BASE_S
+    cap = settings.DELIVERY_BACKOFF_CAP_S
     return random.uniform(0, min(cap, base * 2 ** max(0, attempt - 1)))  # noqa: S311
 
 

@@ -90,9 +90,7 @@ class Ticket(models.Model):
     )
     trace_id = models.CharField(max_length=64)
     depth = models.PositiveIntegerField(default=0)
-    state = models.CharField(
-        max_length=16, choices=TicketState.choices, default=TicketState.QUEUED
-    )
+    state = models.CharField(max_length=16, choices=TicketState.choices, default=TicketState.QUEUED)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     artifacts = models.JSONField(default=list, blank=True)
@@ -181,8 +179,9 @@ class Ticket(models.Model):
 class TicketEvent(models.Model):
     """Append-only: the database refuses UPDATE and DELETE (see migrations)."""
 
-    ticket = models.ForeignKey(Ticket, on_delete=models.DO_NOTHING, related_name="events",
-                               db_constraint=True)
+    ticket = models.ForeignKey(
+        Ticket, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True
+    )
     kind = models.CharField(max_length=64)
     from_state = models.CharField(max_length=16, blank=True, default="")
     to_state = models.CharField(max_length=16, blank=True, default="")

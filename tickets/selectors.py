@@ -25,9 +25,7 @@ def get_ticket(ticket_id: uuid.UUID | str) -> Ticket:
     except ValueError:
         raise NotFound(f"ticket {ticket_id} not found") from None
     ticket = (
-        Ticket.objects.select_related("endpoint", "turn", "return_to")
-        .filter(id=ticket_id)
-        .first()
+        Ticket.objects.select_related("endpoint", "turn", "return_to").filter(id=ticket_id).first()
     )
     if ticket is None:
         raise NotFound(f"ticket {ticket_id} not found")
@@ -62,7 +60,9 @@ def ticket_payload(ticket: Ticket, *, duplicate: bool = False) -> dict[str, Any]
         "error": ticket.error,
         "artifacts": ticket.artifacts or [],
         "turn": {"id": str(turn.id), "seq": turn.seq, "state": turn.state} if turn else None,
-        "completed_by_turn": str(ticket.completed_by_turn_id) if ticket.completed_by_turn_id else None,
+        "completed_by_turn": str(ticket.completed_by_turn_id)
+        if ticket.completed_by_turn_id
+        else None,
         "return_to": (
             {"endpoint": ticket.return_to.address, "continuation": ticket.continuation}
             if ticket.return_to_id

@@ -46,11 +46,15 @@ def test_sleep_over_budget_stops_cooperatively_and_the_next_ticket_runs(worker, 
 @pytest.mark.integration
 def test_stuck_over_budget_is_quarantined_and_fails_closed(worker, make_endpoint, api):
     make_endpoint("glue", path="endpoints.demo.stuck", turn_budget_s=1, interrupt_grace_s=1)
-    stuck = api.post("/tickets", {"endpoint": "glue", "input": {"seconds": 6},
-                                  "dedupe_key": "s1"}).json()
+    stuck = api.post(
+        "/tickets", {"endpoint": "glue", "input": {"seconds": 6}, "dedupe_key": "s1"}
+    ).json()
     queued = api.post("/tickets", {"endpoint": "glue", "input": {"seconds": 0}}).json()
-    case = wait_for(lambda: RecoveryCase.objects.filter(endpoint__address="glue").first(),
-                    timeout=20, message="a recovery case")
+    case = wait_for(
+        lambda: RecoveryCase.objects.filter(endpoint__address="glue").first(),
+        timeout=20,
+        message="a recovery case",
+    )
     assert case.state == "open" and str(case.ticket_id) == stuck["id"]
     assert "no stop evidence" in case.reason
     assert state_of(stuck["id"]) == "recovering"
@@ -71,8 +75,11 @@ def test_stuck_over_budget_is_quarantined_and_fails_closed(worker, make_endpoint
 
     # The stuck callable returns after ~6 s: a late result, stored as evidence
     # on the case and applied to nothing.
-    wait_for(lambda: CaseEvidence.objects.filter(case=case).exists(), timeout=20,
-             message="the late result as evidence")
+    wait_for(
+        lambda: CaseEvidence.objects.filter(case=case).exists(),
+        timeout=20,
+        message="the late result as evidence",
+    )
     ev = CaseEvidence.objects.get(case=case)
     assert ev.seq == turn.seq and ev.kind.startswith("late_")
     # Quarantine holds over many sweep intervals (0.5 s each), whatever arrives.
@@ -92,13 +99,21 @@ def test_worker_killed_mid_turn_ends_in_quarantine_without_replay(celery_procs, 
     celery_procs.worker("control", queues="control", concurrency=1)
     celery_procs.beat()
     celery_procs.worker("turns", queues="turns", concurrency=1)
-    make_endpoint("fragile", path="endpoints.demo.sleep", heartbeat_timeout_s=1.5,
-                  interrupt_grace_s=1, turn_budget_s=300)
+    make_endpoint(
+        "fragile",
+        path="endpoints.demo.sleep",
+        heartbeat_timeout_s=1.5,
+        interrupt_grace_s=1,
+        turn_budget_s=300,
+    )
     ticket = admit_ticket(endpoint="fragile", input={"seconds": 120}).ticket
     wait_for(lambda: state_of(ticket.id) == "running", message="the turn to start")
     celery_procs.kill("turns", sig=signal.SIGKILL)
-    case = wait_for(lambda: RecoveryCase.objects.filter(ticket=ticket).first(), timeout=20,
-                    message="quarantine after the heartbeat went stale")
+    case = wait_for(
+        lambda: RecoveryCase.objects.filter(ticket=ticket).first(),
+        timeout=20,
+        message="quarantine after the heartbeat went stale",
+    )
     turn = Turn.objects.get(ticket=ticket)
     assert turn.state == "uncertain" and turn.interrupt_reason == "heartbeat"
     assert "heartbeat" in case.reason
@@ -124,13 +139,17 @@ SIGTERM_IGNORER = textwrap.dedent(
 
 
 @pytest.mark.integration
-def test_command_that_ignores_sigterm_is_killed_and_its_exit_is_evidence(worker, make_endpoint,
-                                                                       tmp_path):
+def test_command_that_ignores_sigterm_is_killed_and_its_exit_is_evidence(
+    worker, make_endpoint, tmp_path
+):
     script = tmp_path / "ignore.py"
     script.write_text(SIGTERM_IGNORER)
-    make_endpoint("deaf", runner={"kind": "command", "argv": [sys.executable, str(script)],
-                                  "kill_after_s": 1},
-                  turn_budget_s=1, interrupt_grace_s=6)
+    make_endpoint(
+        "deaf",
+        runner={"kind": "command", "argv": [sys.executable, str(script)], "kill_after_s": 1},
+        turn_budget_s=1,
+        interrupt_grace_s=6,
+    )
     ticket = admit_ticket(endpoint="deaf", input={}).ticket
     wait_for(lambda: state_of(ticket.id) == "failed", timeout=25, message="the kill")
     turn = Turn.objects.get(ticket=ticket)
@@ -185,15 +204,21 @@ def _concurrently(fn, n=2):
 
 def test_two_concurrent_sweeps_make_one_interrupt_and_one_case(make_endpoint):
     turn = _running_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
-    wait_for(lambda: runtime.timezone.now() > Turn.objects.get(id=turn.id).deadline_at,
-             message="the deadline to pass")
+    wait_for(
+        lambda: runtime.timezone.now() > Turn.objects.get(id=turn.id).deadline_at,
+        message="the deadline to pass",
+    )
     for _ in range(3):
         _concurrently(runtime.sweep_budgets)
     interrupts = TicketEvent.objects.filter(ticket_id=turn.ticket_id, kind="interrupt_requested")
     assert interrupts.count() == 1
-    wait_for(lambda: (
-        _concurrently(runtime.sweep_budgets) and RecoveryCase.objects.filter(turn=turn).exists()
-    ), timeout=5, message="a case")
+    wait_for(
+        lambda: (
+            _concurrently(runtime.sweep_budgets) and RecoveryCase.objects.filter(turn=turn).exists()
+        ),
+        timeout=5,
+        message="a case",
+    )
     for _ in range(3):
         _concurrently(runtime.sweep_budgets)
     assert RecoveryCase.objects.filter(endpoint_id=turn.endpoint_id).count() == 1
@@ -220,9 +245,12 @@ def test_nothing_but_an_owner_decision_clears_quarantine(make_endpoint):
     assert case is not None
     # A later heartbeat, a late stop receipt, more sweeps: nothing clears it.
     assert runtime.heartbeat(turn_id=turn.id, seq=turn.seq).current is False
-    late = runtime.finish_turn(turn_id=turn.id, seq=turn.seq,
-                               outcome=runtime.Outcome.stopped("agent_stop_receipt"),
-                               source="api")
+    late = runtime.finish_turn(
+        turn_id=turn.id,
+        seq=turn.seq,
+        outcome=runtime.Outcome.stopped("agent_stop_receipt"),
+        source="api",
+    )
     assert late.accepted is False
     runtime.sweep_budgets()
     runtime.sweep_lost_dispatches()

@@ -12,9 +12,17 @@ RUNNER = {"kind": "python", "path": "endpoints.demo.echo"}
 
 
 def test_staff_creates_an_endpoint_with_its_lock(api, staff_user):
-    resp = api.post("/endpoints", {"address": "research.brief", "runner": RUNNER,
-                                   "owners": ["staff"], "aliases": ["brief"],
-                                   "turn_budget_s": 60, "busy_policy": "reject"})
+    resp = api.post(
+        "/endpoints",
+        {
+            "address": "research.brief",
+            "runner": RUNNER,
+            "owners": ["staff"],
+            "aliases": ["brief"],
+            "turn_budget_s": 60,
+            "busy_policy": "reject",
+        },
+    )
     assert resp.status_code == 201, resp.content
     body = resp.json()
     assert body["address"] == "research.brief" and body["aliases"] == ["brief"]
@@ -40,12 +48,17 @@ def test_non_staff_cannot_create_or_patch(api, make_endpoint):
 
 def test_patch_changes_budgets_and_policies(api, make_endpoint):
     make_endpoint("alpha")
-    resp = api.patch("/endpoints/alpha", {"turn_budget_s": 5, "interrupt_grace_s": 2,
-                                          "requires_approval": True, "aliases": ["a1"]})
+    resp = api.patch(
+        "/endpoints/alpha",
+        {"turn_budget_s": 5, "interrupt_grace_s": 2, "requires_approval": True, "aliases": ["a1"]},
+    )
     assert resp.status_code == 200, resp.content
     body = resp.json()
     assert (body["turn_budget_s"], body["interrupt_grace_s"], body["requires_approval"]) == (
-        5, 2, True)
+        5,
+        2,
+        True,
+    )
     assert body["aliases"] == ["a1"]
 
 

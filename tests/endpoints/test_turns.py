@@ -61,8 +61,11 @@ def test_same_ticket_published_twice_runs_once(celery_procs, make_endpoint):
     wait_for(terminal([ticket.id]), message="the ticket to finish")
     # Give the duplicates time to be consumed: wait until the broker is empty.
     wait_for(lambda: broker_queue_length("turns") == 0, message="the broker queue to drain")
-    wait_for(lambda: celery_procs.log("turns").count(b"succeeded in") >= 4, timeout=20,
-             message="all four messages to be processed")
+    wait_for(
+        lambda: celery_procs.log("turns").count(b"succeeded in") >= 4,
+        timeout=20,
+        message="all four messages to be processed",
+    )
     assert Turn.objects.filter(ticket=ticket).count() == 1
     assert TicketEvent.objects.filter(ticket=ticket, kind="turn_started").count() == 1
     assert Ticket.objects.get(id=ticket.id).result == {"echo": {"x": 1}}
@@ -113,8 +116,10 @@ def agent():
 
 
 def test_stale_seq_is_refused_and_changes_nothing(worker, make_endpoint, api, agent):
-    make_endpoint("remote", runner={"kind": "http", "url": f"{agent.url}/turn",
-                                    "cancel_url": f"{agent.url}/cancel"})
+    make_endpoint(
+        "remote",
+        runner={"kind": "http", "url": f"{agent.url}/turn", "cancel_url": f"{agent.url}/cancel"},
+    )
     ticket = admit_ticket(endpoint="remote", input={"ask": "later"}).ticket
     wait_for(lambda: agent.envelopes, message="the agent to receive the turn")
     env = agent.envelopes[0]
@@ -168,14 +173,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_command_runner_interrupt_stops_its_whole_process_group(worker, make_endpoint,
-                                                               tmp_path):
+def test_command_runner_interrupt_stops_its_whole_process_group(worker, make_endpoint, tmp_path):
     script = tmp_path / "group.py"
     script.write_text(GROUP_SCRIPT)
     pids = tmp_path / "pids.json"
-    make_endpoint("cmd", runner={"kind": "command",
-                                 "argv": [sys.executable, str(script), str(pids)]},
-                  turn_budget_s=1.5, interrupt_grace_s=8)
+    make_endpoint(
+        "cmd",
+        runner={"kind": "command", "argv": [sys.executable, str(script), str(pids)]},
+        turn_budget_s=1.5,
+        interrupt_grace_s=8,
+    )
     ticket = admit_ticket(endpoint="cmd", input={}).ticket
     wait_for(pids.exists, message="the command to start")
     wait_for(lambda: pids.read_text().strip(), message="the pid file")
@@ -188,14 +195,18 @@ def test_command_runner_interrupt_stops_its_whole_process_group(worker, make_end
     assert turn.stop_evidence["kind"] == "process_exit"
     assert turn.stop_evidence["detail"]["signal"] == "SIGTERM"
     assert turn.stop_evidence["seq"] == turn.seq
-    wait_for(lambda: not _alive(procs["leader"]) and not _alive(procs["child"]), timeout=10,
-             message="leader and grandchild to be gone")
+    wait_for(
+        lambda: not _alive(procs["leader"]) and not _alive(procs["child"]),
+        timeout=10,
+        message="leader and grandchild to be gone",
+    )
     assert Endpoint.objects.get(address="cmd").state == "available"
 
 
 def test_bad_command_output_is_a_clear_failure(worker, make_endpoint):
-    make_endpoint("badcmd", runner={"kind": "command",
-                                    "argv": [sys.executable, "-c", "print('not json')"]})
+    make_endpoint(
+        "badcmd", runner={"kind": "command", "argv": [sys.executable, "-c", "print('not json')"]}
+    )
     ticket = admit_ticket(endpoint="badcmd", input={}).ticket
     wait_for(terminal([ticket.id]), message="the command ticket to fail")
     t = Ticket.objects.get(id=ticket.id)
@@ -204,9 +215,11 @@ def test_bad_command_output_is_a_clear_failure(worker, make_endpoint):
 
 
 def test_command_runner_result_and_history(worker, make_endpoint):
-    code = ("import json,sys; env=json.load(sys.stdin); "
-            "print(json.dumps({'result': {'n': len(env['history']), "
-            "'got': env['ticket']['input']}}))")
+    code = (
+        "import json,sys; env=json.load(sys.stdin); "
+        "print(json.dumps({'result': {'n': len(env['history']), "
+        "'got': env['ticket']['input']}}))"
+    )
     make_endpoint("hist", runner={"kind": "command", "argv": [sys.executable, "-c", code]})
     first = admit_ticket(endpoint="hist", input={"a": 1}).ticket
     wait_for(terminal([first.id]), message="first")
@@ -224,8 +237,7 @@ def test_demo_endpoints_work_through_the_worker(worker, api):
     assert echo.json()["state"] == "succeeded" and echo.json()["result"] == {"echo": {"hi": 1}}
     fail = api.post("/tickets", {"endpoint": "demo.fail", "input": {}, "wait_s": 15})
     assert fail.json()["state"] == "failed" and fail.json()["error"]["code"] == "runner_raised"
-    slp = api.post("/tickets", {"endpoint": "demo.sleep", "input": {"seconds": 0.2},
-                                "wait_s": 15})
+    slp = api.post("/tickets", {"endpoint": "demo.sleep", "input": {"seconds": 0.2}, "wait_s": 15})
     assert slp.json()["state"] == "succeeded" and slp.json()["result"]["interrupted"] is False
 
 
@@ -258,19 +270,26 @@ def test_cancel_queued_running_and_finished(worker, api, make_endpoint):
     assert c1.status_code == 200 and c1.json()["state"] == "cancelled"
     c2 = api.post(f"/tickets/{running['id']}/cancel")
     assert c2.status_code == 200 and c2.json()["state"] == "running"
-    wait_for(lambda: Ticket.objects.get(id=running["id"]).state == "cancelled", timeout=15,
-             message="the running ticket to stop and be cancelled")
+    wait_for(
+        lambda: Ticket.objects.get(id=running["id"]).state == "cancelled",
+        timeout=15,
+        message="the running ticket to stop and be cancelled",
+    )
     assert Turn.objects.get(ticket_id=running["id"]).state == "stopped"
     c3 = api.post(f"/tickets/{running['id']}/cancel")
     assert c3.status_code == 409 and c3.json()["error"] == "invalid_transition"
     assert c3.json()["state"] == "cancelled"
 
 
-def test_http_agent_is_asked_to_stop_and_its_receipt_is_the_evidence(worker, make_endpoint, api,
-                                                                     agent):
-    make_endpoint("remote2", runner={"kind": "http", "url": f"{agent.url}/turn",
-                                     "cancel_url": f"{agent.url}/cancel"},
-                  turn_budget_s=1, interrupt_grace_s=20)
+def test_http_agent_is_asked_to_stop_and_its_receipt_is_the_evidence(
+    worker, make_endpoint, api, agent
+):
+    make_endpoint(
+        "remote2",
+        runner={"kind": "http", "url": f"{agent.url}/turn", "cancel_url": f"{agent.url}/cancel"},
+        turn_budget_s=1,
+        interrupt_grace_s=20,
+    )
     ticket = admit_ticket(endpoint="remote2", input={}).ticket
     wait_for(lambda: agent.envelopes, message="the agent to receive the turn")
     turn_id, seq = agent.envelopes[0]["turn"]["id"], agent.envelopes[0]["turn"]["seq"]

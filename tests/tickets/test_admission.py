@@ -79,13 +79,17 @@ def test_alias_converges_on_the_canonical_endpoint(api, make_endpoint):
 
 def test_idempotency_key_header_is_the_dedupe_key(api, make_endpoint):
     make_endpoint("alpha")
-    first = api.post("/tickets", {"endpoint": "alpha", "input": {}},
-                     headers={"HTTP_IDEMPOTENCY_KEY": "hdr-1"})
+    first = api.post(
+        "/tickets", {"endpoint": "alpha", "input": {}}, headers={"HTTP_IDEMPOTENCY_KEY": "hdr-1"}
+    )
     again = api.post("/tickets", {"endpoint": "alpha", "input": {}, "dedupe_key": "hdr-1"})
     assert first.json()["dedupe_key"] == "hdr-1"
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
-    both = api.post("/tickets", {"endpoint": "alpha", "input": {}, "dedupe_key": "other"},
-                    headers={"HTTP_IDEMPOTENCY_KEY": "hdr-1"})
+    both = api.post(
+        "/tickets",
+        {"endpoint": "alpha", "input": {}, "dedupe_key": "other"},
+        headers={"HTTP_IDEMPOTENCY_KEY": "hdr-1"},
+    )
     assert both.status_code == 400 and both.json()["error"] == "invalid"
 
 
@@ -117,37 +121,80 @@ BAD_INPUTS = [
     ("missing input", {"endpoint": "alpha"}, None, 422, "invalid"),
     ("input not an object", {"endpoint": "alpha", "input": [1]}, None, 422, "invalid"),
     ("unknown field", {"endpoint": "alpha", "input": {}, "colour": "red"}, None, 422, "invalid"),
-    ("empty dedupe key", {"endpoint": "alpha", "input": {}, "dedupe_key": ""}, None, 400,
-     "invalid"),
-    ("dedupe key too long", {"endpoint": "alpha", "input": {}, "dedupe_key": "k" * 256}, None,
-     400, "invalid"),
-    ("dedupe key unprintable", {"endpoint": "alpha", "input": {}, "dedupe_key": "a\nb"}, None,
-     400, "invalid"),
+    (
+        "empty dedupe key",
+        {"endpoint": "alpha", "input": {}, "dedupe_key": ""},
+        None,
+        400,
+        "invalid",
+    ),
+    (
+        "dedupe key too long",
+        {"endpoint": "alpha", "input": {}, "dedupe_key": "k" * 256},
+        None,
+        400,
+        "invalid",
+    ),
+    (
+        "dedupe key unprintable",
+        {"endpoint": "alpha", "input": {}, "dedupe_key": "a\nb"},
+        None,
+        400,
+        "invalid",
+    ),
     ("negative wait", {"endpoint": "alpha", "input": {}, "wait_s": -1}, None, 422, "invalid"),
     ("wait too long", {"endpoint": "alpha", "input": {}, "wait_s": 100000}, None, 400, "invalid"),
-    ("parent not a uuid", {"endpoint": "alpha", "input": {}, "parent": "nope"}, None, 422,
-     "invalid"),
+    (
+        "parent not a uuid",
+        {"endpoint": "alpha", "input": {}, "parent": "nope"},
+        None,
+        422,
+        "invalid",
+    ),
     ("unknown endpoint", {"endpoint": "nowhere", "input": {}}, None, 404, "not_found"),
-    ("unknown parent", {"endpoint": "alpha", "input": {},
-                        "parent": "01930000-0000-7000-8000-000000000000"}, None, 404,
-     "not_found"),
-    ("unknown return_to", {"endpoint": "alpha", "input": {},
-                           "return_to": {"endpoint": "nowhere"}}, None, 404, "not_found"),
+    (
+        "unknown parent",
+        {"endpoint": "alpha", "input": {}, "parent": "01930000-0000-7000-8000-000000000000"},
+        None,
+        404,
+        "not_found",
+    ),
+    (
+        "unknown return_to",
+        {"endpoint": "alpha", "input": {}, "return_to": {"endpoint": "nowhere"}},
+        None,
+        404,
+        "not_found",
+    ),
     ("input over the cap", {"endpoint": "alpha", "input": {"big": BIG}}, None, 413, "too_large"),
-    ("no key", {"endpoint": "alpha", "input": {}}, {"HTTP_AUTHORIZATION": ""}, 401,
-     "unauthenticated"),
-    ("wrong key", {"endpoint": "alpha", "input": {}},
-     {"HTTP_AUTHORIZATION": "Bearer cc_000000000000_nope"}, 401, "unauthenticated"),
-    ("webhook to loopback", {"endpoint": "alpha", "input": {},
-                             "requester": {"webhook_url": "http://127.0.0.1:9/x"}}, None, 400,
-     "invalid"),
+    (
+        "no key",
+        {"endpoint": "alpha", "input": {}},
+        {"HTTP_AUTHORIZATION": ""},
+        401,
+        "unauthenticated",
+    ),
+    (
+        "wrong key",
+        {"endpoint": "alpha", "input": {}},
+        {"HTTP_AUTHORIZATION": "Bearer cc_000000000000_nope"},
+        401,
+        "unauthenticated",
+    ),
+    (
+        "webhook to loopback",
+        {"endpoint": "alpha", "input": {}, "requester": {"webhook_url": "http://127.0.0.1:9/x"}},
+        None,
+        400,
+        "invalid",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("why", "body", "headers", "status", "code"), BAD_INPUTS,
-                         ids=[b[0] for b in BAD_INPUTS])
-def test_bad_input_gets_the_documented_error(api, make_endpoint, why, body, headers, status,
-                                            code):
+@pytest.mark.parametrize(
+    ("why", "body", "headers", "status", "code"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS]
+)
+def test_bad_input_gets_the_documented_error(api, make_endpoint, why, body, headers, status, code):
     make_endpoint("alpha")
     raw = body if isinstance(body, str) else json.dumps(body)
     resp = api.post("/tickets", raw=raw, headers=headers)
@@ -180,8 +227,10 @@ def test_read_errors_are_json(api, method, path, status, code):
 
 def test_list_is_keyset_paginated_newest_first(api, make_endpoint):
     make_endpoint("alpha")
-    ids = [api.post("/tickets", {"endpoint": "alpha", "input": {"n": i}}).json()["id"]
-           for i in range(5)]
+    ids = [
+        api.post("/tickets", {"endpoint": "alpha", "input": {"n": i}}).json()["id"]
+        for i in range(5)
+    ]
     page1 = api.get("/tickets", limit=2, endpoint="alpha").json()
     assert [t["id"] for t in page1["items"]] == ids[::-1][:2]
     page2 = api.get("/tickets", limit=2, endpoint="alpha", cursor=page1["next_cursor"]).json()

@@ -19,16 +19,22 @@ def event(make_endpoint):
 
 
 def test_update_of_an_event_is_refused_by_the_database(event):
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute("UPDATE tickets_ticketevent SET kind = 'forged' WHERE id = %s", [event.id])
+    with (
+        pytest.raises(DatabaseError, match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cur,
+    ):
+        cur.execute("UPDATE tickets_ticketevent SET kind = 'forged' WHERE id = %s", [event.id])
     assert TicketEvent.objects.get(id=event.id).kind == "admitted"
 
 
 def test_delete_of_an_event_is_refused_by_the_database(event):
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute("DELETE FROM tickets_ticketevent WHERE id = %s", [event.id])
+    with (
+        pytest.raises(DatabaseError, match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cur,
+    ):
+        cur.execute("DELETE FROM tickets_ticketevent WHERE id = %s", [event.id])
     assert TicketEvent.objects.filter(id=event.id).exists()
 
 
