@@ -62,6 +62,9 @@ class CaseEvidence(models.Model):
     class Meta:
         ordering = ["id"]
 
+    def __str__(self) -> str:
+        return f"{self.kind} for case {self.case_id}"
+
 
 class Inspection(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
@@ -73,6 +76,9 @@ class Inspection(models.Model):
 
     class Meta:
         ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"inspection {self.id} of case {self.case_id}"
 
 
 class DecisionAction(models.TextChoices):
@@ -98,6 +104,9 @@ class Decision(models.Model):
     class Meta:
         ordering = ["created_at"]
 
+    def __str__(self) -> str:
+        return f"{self.action} on case {self.case_id}"
+
 
 class Lesson(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
@@ -110,3 +119,6 @@ class Lesson(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"lesson of case {self.case_id}"

@@ -161,6 +161,7 @@ def _admit_rerun(*, original: Ticket, address: str, actor: str) -> Ticket:
         input=original.input,
         dedupe_key=key,
         parent_id=original.id,
+        rerun_of_id=original.id,
         requester=original.requester,
         submitted_by_id=original.submitted_by_id,
         actor=actor,

@@ -71,6 +71,7 @@ def admit_ticket(
     continuation: dict[str, Any] | None = None,
     requester: dict[str, Any] | None = None,
     callback_for_id: uuid.UUID | None = None,
+    rerun_of_id: uuid.UUID | None = None,
     submitted_by_id: int | None = None,
     actor: str = "",
 ) -> Admitted:
@@ -109,6 +110,7 @@ def admit_ticket(
         and trace_id is None
         and return_to is None
         and callback_for_id is None
+        and rerun_of_id is None
     ):
         fast = _admit_fast_pg(
             address=endpoint,
@@ -132,6 +134,7 @@ def admit_ticket(
         continuation=continuation,
         requester=requester,
         callback_for_id=callback_for_id,
+        rerun_of_id=rerun_of_id,
         submitted_by_id=submitted_by_id,
         actor=actor,
     )
@@ -243,6 +246,7 @@ def _admit_general(
     continuation: dict[str, Any] | None,
     requester: dict[str, Any],
     callback_for_id: uuid.UUID | None,
+    rerun_of_id: uuid.UUID | None,
     submitted_by_id: int | None,
     actor: str,
 ) -> Admitted:
@@ -266,13 +270,15 @@ def _admit_general(
             f"endpoint {endpoint.address} is quarantined until an owner decides",
             case=str(case) if case else None,
         )
-    if endpoint.busy_policy == BusyPolicy.REJECT and _is_busy(endpoint):
+    # A re-run is an owner's decision, not new work competing for the endpoint.
+    if rerun_of_id is None and endpoint.busy_policy == BusyPolicy.REJECT and _is_busy(endpoint):
         raise EndpointBusy(f"endpoint {endpoint.address} is running a turn and rejects new work")
 
     now = timezone.now()
     ticket_id = new_id()
     trace_id = trace_id or ticket_id.hex
-    is_root = parent_id is None
+    # A re-run carries its original's obligation to the requester.
+    is_root = parent_id is None or rerun_of_id is not None
     try:
         with transaction.atomic():
             ticket = Ticket.objects.create(
@@ -288,6 +294,7 @@ def _admit_general(
                 return_to=return_to_ep,
                 continuation=continuation,
                 callback_for_id=callback_for_id,
+                rerun_of_id=rerun_of_id,
                 callback_state=CallbackState.PENDING if return_to_ep else CallbackState.NONE,
                 requester=requester,
                 submitted_by_id=submitted_by_id,

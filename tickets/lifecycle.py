@@ -24,6 +24,7 @@ from .models import (
     TERMINAL_STATES,
     TICKET_EDGES,
     CallbackState,
+    ObligationState,
     Ticket,
     TicketEvent,
     TicketState,
@@ -121,14 +122,28 @@ def update_fields(*, ticket_id: uuid.UUID, kind: str, actor: str, detail=None, *
 def _on_terminal(*, ticket_id: uuid.UUID) -> None:
     """Hooks that must happen in the same transaction as a terminal
     transition, so they are never lost: the callback to ``return_to`` and the
-    delivery of a root ticket. Both are idempotent."""
+    delivery of a root ticket (or of a re-run, which answers its original's
+    requester). An original superseded by a re-run is not delivered: its
+    obligation passes to the re-run. All idempotent."""
     from . import callbacks, delivery  # noqa: PLC0415 - same app, avoids a cycle
 
-    ticket = Ticket.objects.get(id=ticket_id)
+    ticket = Ticket.objects.select_related("endpoint").get(id=ticket_id)
     if ticket.return_to_id is not None and ticket.callback_state == CallbackState.PENDING:
         callbacks.ensure_callback(source_id=ticket_id)
-    if ticket.parent_id is None:
+    if ticket.parent_id is not None and ticket.rerun_of_id is None:
+        return
+    rerun = Ticket.objects.filter(rerun_of_id=ticket_id).values_list("id", flat=True).first()
+    if rerun is None:
         delivery.on_root_terminal(ticket=ticket)
+    elif ticket.obligation_state == ObligationState.OPEN:
+        update_fields(
+            ticket_id=ticket_id,
+            kind="obligation_passed",
+            actor="recovery",
+            detail={"rerun": str(rerun)},
+            obligation_state=ObligationState.CLOSED,
+            obligation_note=f"superseded by re-run {rerun}, which answers the requester",
+        )
 
 
 def cancel_ticket(*, ticket_id: uuid.UUID, actor: str) -> Ticket:

@@ -110,6 +110,11 @@ class Ticket(models.Model):
         related_name="+",
     )
     continuation = models.JSONField(null=True, blank=True)
+    # For a re-run authorised by a recovery decision: the ticket it replaces.
+    # The re-run carries the requester's obligation and delivery.
+    rerun_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reruns"
+    )
     # For a callback ticket: the ticket whose completion it reports.
     callback_for = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="callback_ticket"

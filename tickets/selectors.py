@@ -63,6 +63,7 @@ def ticket_payload(ticket: Ticket, *, duplicate: bool = False) -> dict[str, Any]
         "completed_by_turn": str(ticket.completed_by_turn_id)
         if ticket.completed_by_turn_id
         else None,
+        "rerun_of": str(ticket.rerun_of_id) if ticket.rerun_of_id else None,
         "return_to": (
             {"endpoint": ticket.return_to.address, "continuation": ticket.continuation}
             if ticket.return_to_id

@@ -287,6 +287,31 @@ def test_authorize_rerun_admits_a_new_ticket_with_a_new_identity(quarantine, own
     assert decision_event.detail["rerun_ticket"] == str(rerun.id)
 
 
+def test_the_rerun_carries_the_obligation_and_delivery_to_the_requester(
+    quarantine, owner, make_endpoint
+):
+    """The orphaned original is not delivered (it would only say 'orphaned');
+    its obligation passes to the re-run, whose result is delivered."""
+    from tickets.models import Delivery
+
+    q = quarantine(input={"seconds": 0.01})
+    decision = decide(q, owner, "authorize_rerun", rationale="safe to repeat")
+    q.refresh()
+    rerun = Ticket.objects.get(id=decision.rerun_ticket_id)
+    assert rerun.rerun_of_id == q.ticket.id
+    assert not Delivery.objects.filter(ticket=q.ticket).exists()
+    assert q.ticket.delivery_state == "none"
+    assert q.ticket.obligation_state == "closed"
+    assert str(rerun.id) in q.ticket.obligation_note
+    assert rerun.obligation_state == "open"
+    # Run the re-run in-process, as a worker would: it is delivered (pull).
+    runtime.run_ticket(ticket_id=rerun.id)
+    rerun.refresh_from_db()
+    assert rerun.state == "succeeded"
+    assert Delivery.objects.get(ticket=rerun).mode == "pull"
+    assert rerun.delivery_state == "pending"
+
+
 def test_rerun_of_a_ticket_without_a_key_derives_the_key_from_its_id(quarantine, owner):
     q = quarantine()
     decision = decide(q, owner, "authorize_rerun")
