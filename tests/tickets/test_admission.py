@@ -305,3 +305,18 @@ def test_fast_path_is_one_statement_for_a_new_ticket(make_endpoint, django_asser
     # the top level; the only statement is the CTE.
     with django_assert_num_queries(1):
         admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="fast")
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("delete", "/api/v1/tickets"),
+        ("put", "/api/v1/endpoints/alpha"),
+        ("get", "/api/v1/tickets/01930000-0000-7000-8000-000000000000/cancel"),
+    ],
+)
+def test_a_method_the_route_does_not_take_is_a_json_405(client, api_key, method, path):
+    resp = getattr(client, method)(path, HTTP_AUTHORIZATION=f"Bearer {api_key}")
+    assert resp.status_code == 405
+    assert resp.json()["error"] == "method_not_allowed"
+    assert resp.json()["detail"]
