@@ -11,9 +11,11 @@ the view renders alone (``page.html#region``) when htmx asks for it.
 from __future__ import annotations
 
 import uuid
+from functools import wraps
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required as django_login_required
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -21,6 +23,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from config.errors import DomainError, NotFound
 from endpoints.api import endpoint_payload
@@ -40,6 +43,23 @@ TICKETS_PAGE = 50
 # A submission the service refused (or the form rejected) is answered 422 with
 # the reason in the form's region; htmx is configured in base.html to swap 422.
 REFUSED = 422
+
+
+def login_required(view):
+    """Django's ``login_required``, except for htmx: a region refresh whose
+    session has ended would follow the redirect and swap the whole login page
+    into the region. It gets a client-side redirect instead, back to the page
+    the user was looking at after logging in."""
+    guarded = django_login_required(view)
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.htmx and not request.user.is_authenticated:
+            back = request.htmx.current_url_abs_path or request.get_full_path()
+            return HttpResponseClientRedirect(redirect_to_login(back)["Location"])
+        return guarded(request, *args, **kwargs)
+
+    return wrapper
 
 
 def page(

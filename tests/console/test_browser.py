@@ -19,7 +19,7 @@ from recovery.models import CaseState, Decision, Inspection, RecoveryCase
 from tests.conftest import purge_broker
 from tickets.admission import admit_ticket
 
-from .helpers import echo_endpoint, quarantined_case
+from .helpers import echo_endpoint, finished_gated_ticket, quarantined_case
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -178,3 +178,19 @@ def test_owner_inspects_and_decides_without_a_page_reload(page, live_server):
     assert_not_reloaded(page)
     assert RecoveryCase.objects.get(id=case.id).state == CaseState.CLOSED
     shot(page, "case-closed")
+
+
+def test_owner_approves_a_gated_result_in_place(page, live_server):
+    ticket = finished_gated_ticket("web.gated")
+    create_owner(username="gus", password=PASSWORD, endpoints=["web.gated"])
+
+    log_in(page, live_server, f"/tickets/{ticket.id}/", "gus", PASSWORD)
+    delivery = page.locator("#delivery")
+    expect(delivery).to_contain_text("awaiting approval")
+    mark_document(page)
+    page.get_by_role("button", name="Approve result").click()
+    expect(page.locator("#messages")).to_contain_text("Result approved")
+    expect(delivery).not_to_contain_text("awaiting approval")
+    expect(delivery).to_contain_text("by gus")
+    expect(page.get_by_role("button", name="Approve result")).to_have_count(0)
+    assert_not_reloaded(page)

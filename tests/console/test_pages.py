@@ -17,7 +17,7 @@ from recovery.models import Decision, Inspection, Lesson
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
-from .helpers import finished_gated_ticket, quarantined_case
+from .helpers import echo_endpoint, finished_gated_ticket, quarantined_case
 
 HX = {"HTTP_HX_REQUEST": "true"}
 
@@ -61,6 +61,20 @@ def test_anonymous_visitors_are_sent_to_login_from_every_page(client, case, tick
         response = client.get(url)
         assert response.status_code == 302, url
         assert response["Location"].startswith("/login/?next="), url
+
+
+def test_an_expired_session_sends_htmx_back_to_login_for_the_whole_page(client, case, ticket):
+    """A region refresh must not swap the login page into the region."""
+    for url in pages(case, ticket):
+        response = client.get(
+            url, HTTP_HX_CURRENT_URL="http://testserver/tickets/?state=queued", **HX
+        )
+        assert response.status_code == 200, url
+        assert response["HX-Redirect"] == "/login/?next=/tickets/%3Fstate%3Dqueued", url
+        assert response.content == b"", url
+    response = client.post(f"/recovery/{case.id}/inspections/", **HX)
+    assert response["HX-Redirect"].startswith("/login/?next=")
+    assert not Inspection.objects.filter(case=case).exists()
 
 
 def test_login_page_renders_for_anonymous_visitors(client, db):
@@ -575,3 +589,42 @@ def test_decision_action_has_no_default(client, owner, case):
     assert response.status_code == 422
     assert b"This field is required." in response.content
     assert not Decision.objects.filter(case=case).exists()
+
+
+def test_dashboard_queries_do_not_grow_with_the_ledger(
+    client, member, case, echo, django_assert_max_num_queries
+):
+    client.force_login(member)
+    for n in range(25):
+        admit_ticket(endpoint=echo.address, input={"n": n})
+    # Capped counts per state, one read each for the other panels.
+    with django_assert_max_num_queries(16):
+        assert client.get("/").status_code == 200
+
+
+def test_endpoint_pages_need_a_bounded_number_of_queries(
+    client, member, case, echo, django_assert_max_num_queries
+):
+    client.force_login(member)
+    for n in range(10):
+        admit_ticket(endpoint=echo.address, input={"n": n})
+    with django_assert_max_num_queries(8):
+        assert client.get("/endpoints/").status_code == 200
+
+
+def test_an_alias_redirects_to_the_canonical_endpoint_page(client, member, db):
+    echo_endpoint("con.new-name", aliases=["con.old-name"])
+    client.force_login(member)
+    response = client.get("/endpoints/con.old-name/")
+    assert response.status_code == 302
+    assert response["Location"] == "/endpoints/con.new-name/"
+
+
+def test_trace_ids_with_slashes_and_spaces_have_pages(client, member, echo):
+    ticket = admit_ticket(endpoint=echo.address, input={}, trace_id="team/run 7").ticket
+    client.force_login(member)
+    body = client.get("/tickets/").content.decode()
+    assert 'href="/traces/team/run%207/"' in body
+    response = client.get("/traces/team/run%207/")
+    assert response.status_code == 200
+    assert f'title="{ticket.id}"' in response.content.decode()
