@@ -146,6 +146,7 @@ def test_owner_inspects_and_decides_without_a_page_reload(page, live_server):
     page.locator("#inspections summary").first.click()
     expect(snapshot).to_contain_text('"turn"')
     assert_not_reloaded(page)
+    shot(page, "case-inspected")
 
     form = page.locator("form", has=page.get_by_role("button", name="Record decision"))
     expect(form.get_by_label("Inspection")).to_have_value(str(inspection.id))
