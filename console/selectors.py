@@ -79,10 +79,13 @@ def quarantined_endpoints() -> list[Endpoint]:
 
 
 def _open_obligations():
+    # Only tickets that answer to a requester carry an obligation: roots, and
+    # re-runs (which have a parent, the ticket they replace, but take over its
+    # obligation). So the state alone selects them, not ``parent IS NULL``.
     # The partial index ticket_obligation_open_idx covers exactly these rows.
-    return Ticket.objects.filter(
-        obligation_state=ObligationState.OPEN, parent__isnull=True
-    ).select_related("endpoint", "turn")
+    return Ticket.objects.filter(obligation_state=ObligationState.OPEN).select_related(
+        "endpoint", "turn"
+    )
 
 
 def overdue_obligations(*, limit: int = 20) -> list[Ticket]:
@@ -149,6 +152,7 @@ class TicketDetail:
     delivery: Delivery | None
     attempts: list[DeliveryAttempt] = field(default_factory=list)
     children: list[Ticket] = field(default_factory=list)
+    reruns: list[Ticket] = field(default_factory=list)
 
 
 def ticket_detail(ticket_id: uuid.UUID) -> TicketDetail:
@@ -162,6 +166,7 @@ def ticket_detail(ticket_id: uuid.UUID) -> TicketDetail:
         turns=list(Turn.objects.filter(ticket_id=ticket.id).order_by("seq")),
         delivery=delivery,
         attempts=list(delivery.attempt_log.order_by("number")[:50]) if delivery else [],
+        reruns=list(Ticket.objects.filter(rerun_of_id=ticket.id).order_by("id")),
         children=list(
             Ticket.objects.filter(parent_id=ticket.id)
             .select_related("endpoint")

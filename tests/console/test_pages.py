@@ -628,3 +628,26 @@ def test_trace_ids_with_slashes_and_spaces_have_pages(client, member, echo):
     response = client.get("/traces/team/run%207/")
     assert response.status_code == 200
     assert f'title="{ticket.id}"' in response.content.decode()
+
+
+def test_a_rerun_carries_the_obligation_and_links_to_its_original(client, owner, case):
+    client.force_login(owner)
+    client.post(f"/recovery/{case.id}/inspections/")
+    inspection = Inspection.objects.get(case=case)
+    client.post(
+        f"/recovery/{case.id}/decisions/",
+        {
+            "decision-action": "authorize_rerun",
+            "decision-inspection": str(inspection.id),
+            "decision-rationale": "the input is idempotent; run it again",
+        },
+    )
+    rerun = Decision.objects.get(case=case).rerun_ticket
+    assert rerun is not None and rerun.parent_id == case.ticket_id
+    obligations = client.get("/obligations/").content.decode()
+    assert f'title="{rerun.id}"' in obligations
+    original = client.get(f"/tickets/{case.ticket_id}/").content.decode()
+    assert f'href="/tickets/{rerun.id}/"' in original
+    detail = client.get(f"/tickets/{rerun.id}/").content.decode()
+    assert "Re-run of" in detail
+    assert f'href="/tickets/{case.ticket_id}/"' in detail
