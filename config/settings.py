@@ -51,6 +51,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "config.middleware.ApiErrorShapeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files from the app server itself (runserver without DEBUG, and
+    # gunicorn): no separate web server needed for the console's CSS and htmx.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -107,7 +110,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT = VAR_DIR / "staticfiles"  # `collectstatic` target for production
+STATIC_ROOT.mkdir(exist_ok=True)
+# Serve straight from static/ (no collectstatic step needed for `make run`).
+WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"

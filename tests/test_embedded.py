@@ -99,6 +99,9 @@ def test_embedded_default_serves_and_runs_a_turn_without_services(tmp_path):
 
         wait_for(up, timeout=30, interval=0.2, message="the web server")
         assert _http(f"{base}/api/v1/docs")[0] == 200
+        # The console's own CSS and htmx are served without DEBUG (whitenoise).
+        assert _http(f"{base}/static/css/console.css")[0] == 200
+        assert _http(f"{base}/static/js/htmx.min.js")[0] == 200
         status, body = _http(
             f"{base}/api/v1/tickets",
             {"endpoint": "demo.echo", "input": {"hi": 1}, "wait_s": 20},
