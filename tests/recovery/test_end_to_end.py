@@ -38,7 +38,7 @@ def test_stuck_turn_is_quarantined_then_rerun_by_its_owner(
 
     endpoint = wait_for(
         quarantined,
-        timeout=30,
+        timeout=60,
         interval=0.2,
         message="the sweeps to interrupt, then quarantine, the stuck turn",
     )
@@ -84,7 +84,7 @@ def test_stuck_turn_is_quarantined_then_rerun_by_its_owner(
 
     rerun = wait_for(
         lambda: (t := api.get(f"/tickets/{rerun_id}").json())["state"] == "succeeded" and t,
-        timeout=40,
+        timeout=60,
         interval=0.2,
         message="the re-run to be dispatched and succeed",
     )
@@ -101,7 +101,7 @@ def test_stuck_turn_is_quarantined_then_rerun_by_its_owner(
     # The stuck turn's own late return is evidence on the case, applied to nothing.
     wait_for(
         lambda: CaseEvidence.objects.filter(case_id=case_id).exists(),
-        timeout=30,
+        timeout=60,
         message="the stuck turn's late return to be recorded",
     )
     again = owner_api.post(f"/recovery/cases/{case_id}/inspections").json()
