@@ -110,7 +110,10 @@ def transition(
 
 def update_fields(*, ticket_id: uuid.UUID, kind: str, actor: str, detail=None, **fields) -> None:
     """Change non-state fields of a ticket (delivery, callback, obligation),
-    with an event, in one transaction."""
+    with an event, in one transaction. The work state only moves through
+    ``transition``."""
+    if "state" in fields:
+        raise ValueError("update_fields never writes the work state: use transition()")
     now = timezone.now()
     with transaction.atomic():
         Ticket.objects.filter(id=ticket_id).update(
