@@ -160,12 +160,14 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     if CELERY_BROKER_URL in ("filesystem://", "filesystem:///"):
         CELERY_BROKER_URL = "filesystem://localhost//"
     _broker = VAR_DIR / "broker"
-    for _sub in ("in", "processed"):
+    for _sub in ("in", "processed", "control"):
         (_broker / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker / "in"),
         "data_folder_out": str(_broker / "in"),
         "processed_folder": str(_broker / "processed"),
+        # Exchange tables; kombu's default is ./control in the working directory.
+        "control_folder": str(_broker / "control"),
         "store_processed": False,
     }
 else:
