@@ -282,6 +282,7 @@ def main() -> None:
     endpoint = create_endpoint(
         address=ADDRESS, runner={"kind": "python", "path": "endpoints.demo.echo"}
     )
+    benchlib.seed_ledger(endpoint.id)
     # psycopg's defaults: server-side binding, prepared from the 5th execution.
     raw = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)
     # How Django talks to PostgreSQL: client-side binding, nothing prepared.

@@ -120,9 +120,35 @@ def quiet_logs():
         logging.disable(logging.NOTSET)
 
 
-def probe_turn_queries(turns: int = 3, *, show: bool = False) -> dict:
-    """Run ``turns`` turns in this process (publishing off, on an endpoint the
-    worker never hears of) and count the statements of the last one."""
+class _DbClock:
+    """Time spent in SQL statements (an execute wrapper) and in COMMIT (which
+    Django sends through ``connection.commit``, not a cursor)."""
+
+    def __init__(self, connection):
+        self.statements = self.statement_s = self.commits = self.commit_s = 0
+        self._commit = connection.commit
+
+    def __call__(self, execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.statement_s += time.perf_counter() - started
+            self.statements += 1
+
+    def commit(self):
+        started = time.perf_counter()
+        try:
+            return self._commit()
+        finally:
+            self.commit_s += time.perf_counter() - started
+            self.commits += 1
+
+
+def probe_turns(turns: int = 30, *, show: bool = False) -> dict:
+    """Run ``turns`` turns one after another in this process (publishing off,
+    on an endpoint the worker never hears of): where a turn's time goes, and
+    the statements of the last one."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -131,17 +157,36 @@ def probe_turn_queries(turns: int = 3, *, show: bool = False) -> dict:
     from tickets.admission import admit_ticket
 
     with mock.patch.object(app, "send_task", lambda *a, **kw: None), quiet_logs():
-        for i in range(turns):
-            admitted = admit_ticket(endpoint=PROBE, input={"i": i}, dedupe_key=f"probe-{i}")
-            with CaptureQueriesContext(connection) as captured:
-                run_ticket(ticket_id=admitted.ticket.id, celery_task_id=str(uuid.uuid4()))
+        ids = [
+            admit_ticket(endpoint=PROBE, input={"i": i}, dedupe_key=f"probe-{i}").ticket.id
+            for i in range(turns)
+        ]
+        run_ticket(ticket_id=ids[0], celery_task_id=str(uuid.uuid4()))  # warm
+        clock = _DbClock(connection)
+        started = time.perf_counter()
+        with (
+            connection.execute_wrapper(clock),
+            mock.patch.object(connection, "commit", clock.commit),
+        ):
+            for ticket_id in ids[1:-1]:
+                run_ticket(ticket_id=ticket_id, celery_task_id=str(uuid.uuid4()))
+        wall = (time.perf_counter() - started) / (turns - 2)
+        with CaptureQueriesContext(connection) as captured:
+            run_ticket(ticket_id=ids[-1], celery_task_id=str(uuid.uuid4()))
     sqls = [q["sql"] for q in captured.captured_queries]
-    savepoints = sum(1 for s in sqls if "SAVEPOINT" in s)
     if show:
         print(f"--- statements of one turn ({len(sqls)}) ---")
         for sql in sqls:
             print("  " + " ".join(sql.split())[:150])
-    return {"statements": len(sqls), "savepoint_statements": savepoints}
+    per = turns - 2
+    return {
+        "statements": len(sqls),
+        "savepoint_statements": sum(1 for s in sqls if "SAVEPOINT" in s),
+        "turn_ms": round(wall * 1e3, 2),
+        "in_statements_ms": round(clock.statement_s / per * 1e3, 2),
+        "in_commit_ms": round(clock.commit_s / per * 1e3, 2),
+        "commits": round(clock.commits / per, 1),
+    }
 
 
 def profile_turns(count: int) -> None:
@@ -190,6 +235,9 @@ def main() -> None:
     for i in range(k):
         create_endpoint(address=endpoint_address(i), runner=runner)
     create_endpoint(address=PROBE, runner=runner)
+    # History on an endpoint of its own: the turn's queries go by ticket id,
+    # lock row and the partial queued index, not by how many tickets exist.
+    benchlib.seed_ledger(create_endpoint(address="bench.seed", runner=runner).id)
 
     log_dir = Path(tempfile.mkdtemp(prefix="claimcheck-bench-turns-"))
     workers: list[benchlib.Worker] = []
@@ -214,7 +262,7 @@ def main() -> None:
                 f"publishing took {f['publish_s']:.2f}s)  ratio {p['per_s'] / f['per_s']:.2f}",
                 flush=True,
             )
-        queries = probe_turn_queries(show=args.profile)
+        queries = probe_turns(show=args.profile)
         if args.profile:
             profile_turns(50)
     except BaseException:
@@ -249,6 +297,11 @@ def main() -> None:
         f"one turn runs {queries['statements']} SQL statements "
         f"({queries['savepoint_statements']} of them SAVEPOINT/RELEASE); "
         f"the worker took {messages_per_ticket} dispatch messages per ticket"
+    )
+    print(
+        f"one turn in this process: {queries['turn_ms']:.1f} ms, of which "
+        f"{queries['in_statements_ms']:.1f} ms waiting on SQL statements and "
+        f"{queries['in_commit_ms']:.1f} ms on {queries['commits']:g} COMMITs; the rest is Python"
     )
     if failed:
         print(f"WARNING: {failed} ticket(s) did not succeed")
