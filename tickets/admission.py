@@ -332,8 +332,12 @@ def _admit_general(
 
 
 def _existing(endpoint: Endpoint, dedupe_key: str, sha: str) -> Admitted | None:
-    ticket = Ticket.objects.filter(endpoint=endpoint, dedupe_key=dedupe_key).first()
-    if ticket is None:
+    # No ORDER BY (``.first()`` would add one): the lookup must go through the
+    # unique (endpoint, dedupe_key) index, never an ordered scan of the
+    # endpoint's tickets when statistics are stale.
+    try:
+        ticket = Ticket.objects.get(endpoint=endpoint, dedupe_key=dedupe_key)
+    except Ticket.DoesNotExist:
         return None
     if ticket.input_sha256 != sha:
         raise DedupeConflict(

@@ -77,8 +77,9 @@ class ObligationState(models.TextChoices):
 
 class Ticket(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    # No single-column index: the composite indexes below all lead with it.
     endpoint = models.ForeignKey(
-        "endpoints.Endpoint", on_delete=models.PROTECT, related_name="tickets"
+        "endpoints.Endpoint", on_delete=models.PROTECT, related_name="tickets", db_index=False
     )
     # Null when the caller gave none: NULLs never conflict, so every such
     # admission is a new ticket.
