@@ -7,7 +7,9 @@ from django.db import models
 
 
 class ApiKey(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
     name = models.CharField(max_length=100, blank=True, default="")
     # The first characters of the key, to find the row without scanning.
     prefix = models.CharField(max_length=16, unique=True)

@@ -174,8 +174,17 @@ ev AS (
 tr AS (
     INSERT INTO tickets_trace (id, tickets, max_depth, flagged, created_at)
     SELECT %(trace_id)s, 1, 0, false, %(now)s FROM ins
+),
+owed AS (
+    -- The lock is held: the turn's release will dispatch this ticket, so no
+    -- message now. The row lock orders this against the release: if the
+    -- release commits first, holder_id is re-checked, found NULL, and the
+    -- ticket gets its own message.
+    UPDATE endpoints_endpointlock l SET owed = l.owed + 1
+    FROM ins WHERE l.endpoint_id = ins.endpoint_id AND l.holder_id IS NOT NULL
+    RETURNING 1
 )
-SELECT ins.id, ins.endpoint_id, ep.address FROM ins, ep
+SELECT ins.id, ins.endpoint_id, ep.address, EXISTS (SELECT 1 FROM owed) FROM ins, ep
 """
 
 
@@ -211,8 +220,9 @@ def _admit_fast_pg(
         row = cur.fetchone()
     if row is None:
         return None  # not a plain new ticket: the general path explains why
-    _, endpoint_id, canonical_address = row
-    publish(RUN_TICKET, str(ticket_id))
+    _, endpoint_id, canonical_address, owed = row
+    if not owed:
+        publish(RUN_TICKET, str(ticket_id))
     ticket = Ticket(
         id=ticket_id,
         endpoint_id=endpoint_id,

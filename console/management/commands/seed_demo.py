@@ -35,5 +35,7 @@ class Command(BaseCommand):
             _, key = create_api_key(username=OWNER, name="demo", staff=True)
             key_file.touch(mode=0o600)
             key_file.write_text(key)
-        self.stdout.write(f"console: http://127.0.0.1:8000/login/  user {OWNER}  password {PASSWORD}")
+        self.stdout.write(
+            f"console: http://127.0.0.1:8000/login/  user {OWNER}  password {PASSWORD}"
+        )
         self.stdout.write(f"API key: {key}")
