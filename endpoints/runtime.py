@@ -445,6 +445,10 @@ def _apply(*, ticket: Ticket, turn: Turn, outcome: Outcome, source: str) -> str:
         if outcome.kind == "failure"
         else {"code": "bad_outcome", "detail": f"runner outcome {outcome.kind!r}"}
     )
+    return _fail_turn(ticket=ticket, turn=turn, actor=actor, error=error)
+
+
+def _fail_turn(*, ticket: Ticket, turn: Turn, actor: str, error: Any) -> str:
     _end_turn(turn, TurnState.FAILED)
     _context_entry(ticket, turn, {"error": error}, [])
     lifecycle.transition(
@@ -494,19 +498,8 @@ def _apply_wait(*, ticket: Ticket, turn: Turn, outcome: Outcome, actor: str) -> 
                 )
                 children.append(str(admitted.ticket.id))
     except DomainError as exc:
-        _end_turn(turn, TurnState.FAILED)
         error = {"code": exc.code, "detail": f"cannot dispatch children: {exc.detail}"}
-        lifecycle.transition(
-            ticket_id=ticket.id,
-            expected=[TicketState.RUNNING],
-            to=TicketState.FAILED,
-            kind="turn_failed",
-            actor=actor,
-            turn_id=turn.id,
-            error=error,
-        )
-        _record_callback(ticket, actor)
-        return TicketState.FAILED
+        return _fail_turn(ticket=ticket, turn=turn, actor=actor, error=error)
     _end_turn(turn, TurnState.COMPLETED)
     _context_entry(ticket, turn, {"waiting_for": children}, [])
     lifecycle.transition(
