@@ -207,6 +207,23 @@ def purge_broker() -> None:
         client.flushdb()
 
 
+def queued_tasks(queue: str) -> list[tuple[str, list]]:
+    """The (task name, args) of every message waiting in a Redis queue."""
+    import base64
+    import json
+
+    import redis
+
+    with redis.Redis.from_url(settings.CELERY_BROKER_URL) as client:
+        raw = client.lrange(queue, 0, -1)
+    out = []
+    for item in reversed(raw):  # kombu LPUSHes: the oldest is last
+        message = json.loads(item)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        out.append((message["headers"]["task"], args))
+    return out
+
+
 def broker_queue_length(queue: str) -> int:
     import redis
 

@@ -24,7 +24,7 @@ from config.dispatch import DELIVER
 from config.errors import Invalid
 from console.keys import create_api_key
 from endpoints import runtime
-from tests.conftest import wait_for
+from tests.conftest import purge_broker, queued_tasks, wait_for
 from tickets import delivery, tasks
 from tickets.models import Delivery, DeliveryAttempt, Ticket, TicketEvent
 
@@ -329,22 +329,23 @@ def test_delivery_attempts_are_append_only(api, make_endpoint, receiver):
     assert DeliveryAttempt.objects.get(id=attempt.id).status_code == 200
 
 
-def test_a_finished_root_opens_one_delivery_and_publishes_its_send(api, make_endpoint, monkeypatch):
-    published = []
-    monkeypatch.setattr(
-        delivery, "publish", lambda name, *args, **kw: published.append((name, args))
-    )
+def test_a_finished_root_opens_one_delivery_and_publishes_its_send(
+    api, make_endpoint, django_capture_on_commit_callbacks
+):
+    purge_broker()
     make_endpoint("alpha")
     with RECEIVER:
         body = admit(api, "alpha", "http://127.0.0.1:9/hook")
-    ticket = finish(body["id"])
+        with django_capture_on_commit_callbacks(execute=True):
+            ticket = finish(body["id"])
     d = Delivery.objects.get(ticket=ticket)
-    assert published == [(DELIVER, (str(d.id),))]
+    assert queued_tasks("control") == [(DELIVER, [str(d.id)])]  # real Redis
     assert d.next_attempt_at is not None  # the sweep finds it if the publish is lost
     # Idempotent: a second call finds the same row, writes and publishes nothing.
     events = kinds(ticket.id)
-    assert delivery.on_root_terminal(ticket=ticket).id == d.id
-    assert kinds(ticket.id) == events and len(published) == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        assert delivery.on_root_terminal(ticket=ticket).id == d.id
+    assert kinds(ticket.id) == events and len(queued_tasks("control")) == 1
     assert events.count("delivery_opened") == 1
 
 
@@ -359,20 +360,22 @@ def test_children_have_no_delivery(api, make_endpoint):
     assert Delivery.objects.filter(ticket_id=root["id"]).count() == 1
 
 
-def test_the_delivery_sweep_publishes_due_deliveries_only(api, make_endpoint, monkeypatch):
-    published = []
-    monkeypatch.setattr(delivery, "publish", lambda name, *args, **kw: published.append(args[0]))
+def test_the_delivery_sweep_publishes_due_deliveries_only(
+    api, make_endpoint, django_capture_on_commit_callbacks
+):
     make_endpoint("alpha")
     with RECEIVER:
         due = finish(admit(api, "alpha", "http://127.0.0.1:9/a")["id"])
         later = finish(admit(api, "alpha", "http://127.0.0.1:9/b")["id"])
     pull = finish(admit(api, "alpha")["id"])
+    # A retry scheduled five minutes from now is not due yet.
     Delivery.objects.filter(ticket=later).update(
         next_attempt_at=timezone.now() + timedelta(minutes=5)
     )
-    published.clear()
-    tasks.sweep_deliveries()
-    assert published == [str(Delivery.objects.get(ticket=due).id)]
+    purge_broker()
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.sweep_deliveries()
+    assert queued_tasks("control") == [(DELIVER, [str(Delivery.objects.get(ticket=due).id)])]
     assert Delivery.objects.get(ticket=pull).next_attempt_at is None
 
 
