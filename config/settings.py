@@ -96,6 +96,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Prepared statements only where asked for (prepare=True): the admission
+    # hot path. Django's own queries keep being planned per execution.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
+# Admission's one statement as a server-side prepared statement (PostgreSQL).
+ADMISSION_PREPARED = env.bool("ADMISSION_PREPARED", default=True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -215,9 +215,7 @@ def _admit_fast_pg(
     }
     # One statement is atomic by itself: no atomic() block, so in autocommit
     # there is no BEGIN/COMMIT round trip, and the publish below runs at once.
-    with connection.cursor() as cur:
-        cur.execute(_FAST_SQL, params)
-        row = cur.fetchone()
+    row = _execute_fast(params)
     if row is None:
         return None  # not a plain new ticket: the general path explains why
     _, endpoint_id, canonical_address, owed = row
@@ -242,6 +240,25 @@ def _admit_fast_pg(
     )
     ticket.endpoint = Endpoint(id=endpoint_id, address=canonical_address)
     return Admitted(ticket=ticket, duplicate=False)
+
+
+def _execute_fast(params: dict[str, Any]) -> tuple | None:
+    """Run the fast-path statement. With ``ADMISSION_PREPARED`` (default) it
+    goes through a server-side-binding psycopg cursor as a prepared
+    statement, so PostgreSQL plans it once per connection instead of on
+    every admission (Django's own cursors bind client-side and never
+    prepare). Off for poolers that cannot keep prepared statements
+    (PgBouncer in transaction mode before 1.21)."""
+    if not settings.ADMISSION_PREPARED:
+        with connection.cursor() as cur:
+            cur.execute(_FAST_SQL, params)
+            return cur.fetchone()
+    import psycopg
+
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cur:
+        cur.execute(_FAST_SQL, params, prepare=True)
+        return cur.fetchone()
 
 
 def _admit_general(

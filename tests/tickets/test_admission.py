@@ -298,13 +298,30 @@ def test_concurrent_conflicting_admissions_one_wins_others_conflict(make_endpoin
     assert Ticket.objects.count() == 1
 
 
-def test_fast_path_is_one_statement_for_a_new_ticket(make_endpoint, django_assert_num_queries):
+def test_fast_path_is_one_statement_for_a_new_ticket(
+    make_endpoint, django_assert_num_queries, settings
+):
+    settings.ADMISSION_PREPARED = False  # through Django's cursor, so it is counted
     make_endpoint("alpha")
     assert connection.vendor == "postgresql"
-    # SAVEPOINT/RELEASE are not round trips of their own under atomic() at
-    # the top level; the only statement is the CTE.
     with django_assert_num_queries(1):
         admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="fast")
+
+
+def test_fast_path_runs_as_a_prepared_statement(make_endpoint, django_assert_num_queries):
+    make_endpoint("alpha")
+    with django_assert_num_queries(0):  # nothing through Django's own cursors
+        first = admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="p1")
+    second = admit_ticket(endpoint="alpha", input={"x": 2}, dedupe_key="p2")
+    assert not first.duplicate and not second.duplicate
+    assert Ticket.objects.filter(endpoint__address="alpha").count() == 2
+    assert TicketEvent.objects.filter(kind="admitted").count() == 2
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%ON CONFLICT (endpoint_id, dedupe_key) DO NOTHING%"],
+        )
+        assert cur.fetchone()[0] == 1  # prepared once, reused
 
 
 @pytest.mark.parametrize(
