@@ -142,7 +142,8 @@ def admit_ticket(
 
 # The fast path. Inserts only when the endpoint exists, is available and (for
 # a ``reject`` endpoint) idle; a root ticket starts a new trace, so the circuit
-# breaker has nothing to refuse. Returns the new ticket's id, or no row.
+# breaker has nothing to refuse. Returns the new ticket's id, or the existing
+# ticket holding the key (with its input hash), or no row.
 _FAST_SQL = """
 WITH ep AS (
     SELECT e.id, e.address FROM endpoints_endpoint e
@@ -184,7 +185,14 @@ owed AS (
     FROM ins WHERE l.endpoint_id = ins.endpoint_id AND l.holder_id IS NOT NULL
     RETURNING 1
 )
-SELECT ins.id, ins.endpoint_id, ep.address, EXISTS (SELECT 1 FROM owed) FROM ins, ep
+SELECT ins.id, ins.endpoint_id, ep.address, EXISTS (SELECT 1 FROM owed), NULL::varchar
+FROM ins, ep
+UNION ALL
+-- Not inserted: the ticket that already holds the key (committed before this
+-- statement began; a racing one is left to the general path).
+SELECT t.id, t.endpoint_id, ep.address, false, t.input_sha256
+FROM tickets_ticket t JOIN ep ON t.endpoint_id = ep.id
+WHERE t.dedupe_key = %(dedupe_key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """
 
 
@@ -218,7 +226,15 @@ def _admit_fast_pg(
     row = _execute_fast(params)
     if row is None:
         return None  # not a plain new ticket: the general path explains why
-    _, endpoint_id, canonical_address, owed = row
+    found_id, endpoint_id, canonical_address, owed, existing_sha = row
+    if existing_sha is not None:  # a duplicate: one more round trip to load it
+        if existing_sha != sha:
+            raise DedupeConflict(
+                f"dedupe key {dedupe_key!r} already names ticket {found_id} with a different input",
+                ticket=str(found_id),
+            )
+        existing = Ticket.objects.select_related("endpoint", "turn").get(id=found_id)
+        return Admitted(ticket=existing, duplicate=True)
     if not owed:
         publish(RUN_TICKET, str(ticket_id))
     ticket = Ticket(

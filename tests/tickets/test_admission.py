@@ -9,6 +9,7 @@ import threading
 import pytest
 from django.db import connection, connections
 
+from config.errors import DedupeConflict
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
@@ -306,6 +307,19 @@ def test_fast_path_is_one_statement_for_a_new_ticket(
     assert connection.vendor == "postgresql"
     with django_assert_num_queries(1):
         admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="fast")
+
+
+def test_a_duplicate_costs_two_round_trips_and_a_conflict_one(
+    make_endpoint, django_assert_num_queries, settings
+):
+    settings.ADMISSION_PREPARED = False
+    make_endpoint("alpha")
+    first = admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="k").ticket
+    with django_assert_num_queries(2):
+        again = admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="k")
+    assert again.duplicate and again.ticket.id == first.id
+    with django_assert_num_queries(1), pytest.raises(DedupeConflict):
+        admit_ticket(endpoint="alpha", input={"x": 2}, dedupe_key="k")
 
 
 def test_fast_path_runs_as_a_prepared_statement(make_endpoint, django_assert_num_queries):
