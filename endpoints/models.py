@@ -98,11 +98,6 @@ class EndpointLock(models.Model):
     )
     token = models.BigIntegerField(null=True, blank=True)
     acquired_at = models.DateTimeField(null=True, blank=True)
-    # Dispatch messages owed to this endpoint's queue: each counts a queued
-    # ticket that has no message in flight (its message arrived while the
-    # lock was held, or admission saw the lock held and published nothing).
-    # A release publishes one and takes one off: one broker message per turn.
-    owed = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [

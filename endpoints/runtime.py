@@ -71,11 +71,11 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
 
     1. A ticket no longer ``queued`` means a duplicate message: do nothing.
     2. Lock the endpoint's lock row. Held, or endpoint quarantined: leave the
-       ticket queued and count a dispatch owed to the endpoint (the release
-       publishes it; a quarantined endpoint dispatches nothing).
+       ticket queued, marked ``needs_dispatch`` (the release publishes it; a
+       quarantined endpoint dispatches nothing).
     3. Take the endpoint's *oldest* queued ticket (FIFO per endpoint), skipping
        rows another transaction holds (a cancel in flight). If that is not the
-       message's ticket, the message's ticket is now owed a dispatch too.
+       message's ticket, the message's ticket needs a dispatch now.
     4. ``seq = ++turn_seq``; create the Turn; make it the lock holder and the
        ticket's registered turn; ticket ``queued -> running``; events.
     """
@@ -89,7 +89,7 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
     with transaction.atomic():
         lock = EndpointLock.objects.select_for_update().get(endpoint_id=endpoint_id)
         if lock.holder_id is not None:
-            _owe_dispatch(endpoint_id)
+            _needs_dispatch(ticket_id)
             return None
         # Read the clock only once the lock is ours: the turn's interval then
         # lies inside the lock's tenure.
@@ -108,10 +108,10 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
             turn_seq=F("turn_seq") + 1
         )
         if not bumped:
-            _owe_dispatch(endpoint_id)
+            _needs_dispatch(ticket_id)
             return None
         if ticket.id != ticket_id:
-            _owe_dispatch(endpoint_id)
+            _needs_dispatch(ticket_id)
         endpoint = Endpoint.objects.get(id=endpoint_id)
         turn = Turn.objects.create(
             endpoint=endpoint,
@@ -603,32 +603,30 @@ def release_lock(*, endpoint_id: int, turn: Turn) -> None:
     dispatch_next(endpoint_id=endpoint_id)
 
 
-def _owe_dispatch(endpoint_id: int) -> None:
-    """A queued ticket of this endpoint is left without a message in flight
-    (the caller holds the lock row)."""
-    EndpointLock.objects.filter(endpoint_id=endpoint_id).update(owed=F("owed") + 1)
+def _needs_dispatch(ticket_id: uuid.UUID) -> None:
+    """The ticket's message was used up without starting it (the caller holds
+    the endpoint's lock row): the next release must publish it."""
+    Ticket.objects.filter(id=ticket_id, state=TicketState.QUEUED).update(needs_dispatch=True)
 
 
 def dispatch_next(*, endpoint_id: int) -> None:
-    """After a release (the caller holds the lock row): if a dispatch is owed,
-    publish the oldest queued ticket after commit. Tickets whose own message
-    is still in flight need nothing, so each turn costs one broker message.
-    The lost-dispatch sweep stays the backstop for a message the broker loses."""
-    owed = EndpointLock.objects.filter(endpoint_id=endpoint_id).values_list("owed", flat=True)[0]
-    if not owed:
-        return
-    oldest = (
-        Ticket.objects.filter(endpoint_id=endpoint_id, state=TicketState.QUEUED)
+    """After a release (the caller holds the lock row): publish, after commit,
+    the oldest queued ticket that has no message in flight. Every queued
+    ticket either has one in flight or is marked, so nothing is left behind,
+    and each turn costs one broker message. The lost-dispatch sweep stays the
+    backstop for a message the broker loses."""
+    waiting = (
+        Ticket.objects.filter(
+            endpoint_id=endpoint_id, state=TicketState.QUEUED, needs_dispatch=True
+        )
         .order_by("id")
         .values_list("id", flat=True)
         .first()
     )
-    if oldest is None:
-        # Owed tickets were cancelled meanwhile: nothing is owed any more.
-        EndpointLock.objects.filter(endpoint_id=endpoint_id).update(owed=0)
+    if waiting is None:
         return
-    EndpointLock.objects.filter(endpoint_id=endpoint_id).update(owed=F("owed") - 1)
-    publish(RUN_TICKET, str(oldest))
+    Ticket.objects.filter(id=waiting).update(needs_dispatch=False)
+    publish(RUN_TICKET, str(waiting))
 
 
 # --- Stale evidence -----------------------------------------------------------------------

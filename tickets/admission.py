@@ -155,18 +155,26 @@ WITH ep AS (
             SELECT 1 FROM endpoints_endpointlock l
             WHERE l.endpoint_id = e.id AND l.holder_id IS NOT NULL))
 ),
+lk AS (
+    -- The lock row, locked for this statement: it orders this admission
+    -- against a turn's start or release. Held: the release will dispatch
+    -- this ticket (needs_dispatch), so no message now; free (or released
+    -- while we waited: FOR UPDATE returns the new row): publish one.
+    SELECT l.holder_id IS NOT NULL AS held FROM endpoints_endpointlock l, ep
+    WHERE l.endpoint_id = ep.id FOR UPDATE OF l
+),
 ins AS (
     INSERT INTO tickets_ticket (
         id, endpoint_id, dedupe_key, input_sha256, input, trace_id, depth, state,
         artifacts, requester, submitted_by_id, callback_state, delivery_state,
-        obligation_state, obligation_due_at, obligation_overdue, obligation_note,
-        created_at, updated_at, version)
+        needs_dispatch, obligation_state, obligation_due_at, obligation_overdue,
+        obligation_note, created_at, updated_at, version)
     SELECT %(id)s, ep.id, %(dedupe_key)s, %(sha)s, %(input)s::jsonb, %(trace_id)s, 0, 'queued',
         '[]'::jsonb, %(requester)s::jsonb, %(submitted_by_id)s, 'none', 'none',
-        'open', %(due)s, false, '', %(now)s, %(now)s, 1
+        COALESCE((SELECT held FROM lk), false), 'open', %(due)s, false, '', %(now)s, %(now)s, 1
     FROM ep
     ON CONFLICT (endpoint_id, dedupe_key) DO NOTHING
-    RETURNING id, endpoint_id
+    RETURNING id, endpoint_id, needs_dispatch
 ),
 ev AS (
     INSERT INTO tickets_ticketevent (ticket_id, kind, from_state, to_state, actor, detail, at)
@@ -175,17 +183,8 @@ ev AS (
 tr AS (
     INSERT INTO tickets_trace (id, tickets, max_depth, flagged, created_at)
     SELECT %(trace_id)s, 1, 0, false, %(now)s FROM ins
-),
-owed AS (
-    -- The lock is held: the turn's release will dispatch this ticket, so no
-    -- message now. The row lock orders this against the release: if the
-    -- release commits first, holder_id is re-checked, found NULL, and the
-    -- ticket gets its own message.
-    UPDATE endpoints_endpointlock l SET owed = l.owed + 1
-    FROM ins WHERE l.endpoint_id = ins.endpoint_id AND l.holder_id IS NOT NULL
-    RETURNING 1
 )
-SELECT ins.id, ins.endpoint_id, ep.address, EXISTS (SELECT 1 FROM owed), NULL::varchar
+SELECT ins.id, ins.endpoint_id, ep.address, ins.needs_dispatch, NULL::varchar
 FROM ins, ep
 UNION ALL
 -- Not inserted: the ticket that already holds the key (committed before this
@@ -226,7 +225,7 @@ def _admit_fast_pg(
     row = _execute_fast(params)
     if row is None:
         return None  # not a plain new ticket: the general path explains why
-    found_id, endpoint_id, canonical_address, owed, existing_sha = row
+    found_id, endpoint_id, canonical_address, deferred, existing_sha = row
     if existing_sha is not None:  # a duplicate: one more round trip to load it
         if existing_sha != sha:
             raise DedupeConflict(
@@ -235,7 +234,7 @@ def _admit_fast_pg(
             )
         existing = Ticket.objects.select_related("endpoint", "turn").get(id=found_id)
         return Admitted(ticket=existing, duplicate=True)
-    if not owed:
+    if not deferred:
         publish(RUN_TICKET, str(ticket_id))
     ticket = Ticket(
         id=ticket_id,
@@ -249,6 +248,7 @@ def _admit_fast_pg(
         artifacts=[],
         requester=requester,
         submitted_by_id=submitted_by_id,
+        needs_dispatch=deferred,
         obligation_state=ObligationState.OPEN,
         obligation_due_at=params["due"],
         created_at=now,

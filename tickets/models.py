@@ -135,6 +135,11 @@ class Ticket(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # A queued ticket with no dispatch message in flight: its message found
+    # the endpoint's lock held (or started an older ticket), or admission saw
+    # the lock held and published nothing. The endpoint's next release
+    # publishes it: one broker message per turn, no ticket left behind.
+    needs_dispatch = models.BooleanField(default=False, db_default=False)
     obligation_state = models.CharField(
         max_length=8, choices=ObligationState.choices, default=ObligationState.NONE
     )
