@@ -25,7 +25,6 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import close_old_connections, connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from config.dispatch import RUN_TICKET, publish
@@ -87,7 +86,11 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
     if endpoint_id is None:
         return None  # unknown or no longer queued: a duplicate message
     with transaction.atomic():
-        lock = EndpointLock.objects.select_for_update().get(endpoint_id=endpoint_id)
+        lock = (
+            EndpointLock.objects.select_for_update(of=("self",))
+            .select_related("endpoint")
+            .get(endpoint_id=endpoint_id)
+        )
         if lock.holder_id is not None:
             _needs_dispatch(ticket_id)
             return None
@@ -102,21 +105,25 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
         )
         if ticket is None:
             return None
-        # The fencing token: strictly increasing per endpoint. Conditional on
-        # the endpoint being available: quarantine fails closed.
-        bumped = Endpoint.objects.filter(id=endpoint_id, state=EndpointState.AVAILABLE).update(
-            turn_seq=F("turn_seq") + 1
-        )
+        # The fencing token: strictly increasing per endpoint. turn_seq only
+        # moves here, under the lock row we hold, so the value we read is the
+        # current one; the UPDATE still checks it, and that the endpoint is
+        # available (quarantine fails closed).
+        endpoint = lock.endpoint
+        seq = endpoint.turn_seq + 1
+        bumped = Endpoint.objects.filter(
+            id=endpoint_id, state=EndpointState.AVAILABLE, turn_seq=seq - 1
+        ).update(turn_seq=seq)
         if not bumped:
             _needs_dispatch(ticket_id)
             return None
+        endpoint.turn_seq = seq
         if ticket.id != ticket_id:
             _needs_dispatch(ticket_id)
-        endpoint = Endpoint.objects.get(id=endpoint_id)
         turn = Turn.objects.create(
             endpoint=endpoint,
             ticket=ticket,
-            seq=endpoint.turn_seq,
+            seq=seq,
             state=TurnState.RUNNING,
             runner_kind=endpoint.runner.get("kind", ""),
             celery_task_id=celery_task_id or "",
@@ -138,7 +145,7 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
             detail={"seq": turn.seq, "deadline_at": turn.deadline_at.isoformat()},
             turn=turn,
         )
-    ticket.refresh_from_db()
+    ticket.state, ticket.turn = TicketState.RUNNING, turn  # as written above
     return Started(turn=turn, ticket=ticket, endpoint=endpoint)
 
 
@@ -241,7 +248,7 @@ def run_ticket(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> uuid.UUID |
     if outcome.kind == "deferred":
         log.info("turn %s deferred: the agent answers through the API", turn.id)
         return turn.id
-    finish_turn(turn_id=turn.id, seq=turn.seq, outcome=outcome, source="worker")
+    finish_turn(turn_id=turn.id, seq=turn.seq, outcome=outcome, source="worker", turn=turn)
     return turn.id
 
 
@@ -309,6 +316,7 @@ def finish_turn(
     outcome: Outcome,
     source: str,
     strict: bool = False,
+    turn: Turn | None = None,
 ) -> Finished:
     """Accept a turn's outcome only from the exact turn (DESIGN.md flow 2).
 
@@ -326,14 +334,19 @@ def finish_turn(
        the endpoint's oldest queued ticket.
     """
     outcome = _externalize(outcome, turn_id)
-    turn = Turn.objects.select_related("endpoint").filter(id=turn_id).first()
+    # Which ticket and endpoint to lock (immutable columns): from the caller's
+    # copy of the turn when it has one, else one read.
+    if turn is None or turn.id != turn_id:
+        turn = Turn.objects.filter(id=turn_id).first()
     if turn is None:
         raise StaleTurn(f"turn {turn_id} does not exist", state=None)
     stale_reason = ""
     with transaction.atomic():
         ticket = Ticket.objects.select_for_update().get(id=turn.ticket_id)
         lock = EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
-        turn = Turn.objects.select_for_update().select_related("endpoint").get(id=turn_id)
+        turn = (
+            Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn_id)
+        )
         if not (
             ticket.turn_id == turn.id
             and lock.holder_id == turn.id
@@ -706,7 +719,9 @@ def quarantine_turn(*, turn_id: uuid.UUID) -> uuid.UUID | None:
     with transaction.atomic():
         Ticket.objects.select_for_update().get(id=turn.ticket_id)
         EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
-        turn = Turn.objects.select_for_update().select_related("endpoint").get(id=turn_id)
+        turn = (
+            Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn_id)
+        )
         grace = timedelta(seconds=turn.endpoint.interrupt_grace_s)
         if turn.state != TurnState.INTERRUPTING or turn.interrupt_requested_at + grace > now:
             return None

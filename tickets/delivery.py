@@ -165,17 +165,16 @@ def on_root_terminal(*, ticket: Ticket) -> Delivery:
     due = mode == Delivery.Mode.WEBHOOK and state == DeliveryState.PENDING
     # next_attempt_at = now even though we publish at once: if the publish is
     # lost (broker down), the delivery sweep still finds it due.
-    delivery, created = Delivery.objects.get_or_create(
+    # A plain INSERT: the caller holds the ticket's row lock (the terminal
+    # transition), so nobody can create it between the check above and here;
+    # the one-to-one constraint would refuse a second row anyway.
+    delivery = Delivery.objects.create(
         ticket_id=ticket.id,
-        defaults={
-            "mode": mode,
-            "url": url,
-            "next_attempt_at": now if due else None,
-            "created_at": now,
-        },
+        mode=mode,
+        url=url,
+        next_attempt_at=now if due else None,
+        created_at=now,
     )
-    if not created:
-        return delivery
     update_fields(
         ticket_id=ticket.id,
         kind="delivery_opened",

@@ -76,24 +76,37 @@ def transition(
         if to not in TICKET_EDGES[prior]:
             raise ValueError(f"no edge {prior} -> {to} in the ticket state machine")
     now = timezone.now()
-    with transaction.atomic():
-        # Lock first so the prior state we report is the one we replace.
-        current = (
-            Ticket.objects.select_for_update().filter(id=ticket_id).values_list("state", flat=True)
-        ).first()
-        if current is None:
-            raise NotFound(f"ticket {ticket_id} not found")
-        if current not in expected:
-            raise InvalidTransition(
-                f"ticket {ticket_id} is {current}; {kind} needs {' or '.join(expected)}",
-                state=current,
+    if to in TERMINAL_STATES:
+        fields.setdefault("finished_at", now)
+    # savepoint=False: a refused transition raises before writing anything,
+    # and every caller lets the error end its transaction (no savepoint
+    # round trips on the hot path).
+    with transaction.atomic(savepoint=False):
+        if len(expected) == 1:
+            # The conditional UPDATE is the check: one statement when it wins.
+            current = expected[0]
+            updated = Ticket.objects.filter(id=ticket_id, state=current).update(
+                state=to, updated_at=now, version=F("version") + 1, **fields
             )
-        if to in TERMINAL_STATES:
-            fields.setdefault("finished_at", now)
-        updated = Ticket.objects.filter(id=ticket_id, state=current).update(
-            state=to, updated_at=now, version=F("version") + 1, **fields
-        )
-        assert updated == 1  # the row is locked: nobody else could change it
+        else:
+            # Lock first so the prior state we report is the one we replace.
+            current = (
+                Ticket.objects.select_for_update()
+                .filter(id=ticket_id, state__in=expected)
+                .values_list("state", flat=True)
+                .first()
+            )
+            updated = current is not None and Ticket.objects.filter(
+                id=ticket_id, state=current
+            ).update(state=to, updated_at=now, version=F("version") + 1, **fields)
+        if not updated:
+            found = Ticket.objects.filter(id=ticket_id).values_list("state", flat=True).first()
+            if found is None:
+                raise NotFound(f"ticket {ticket_id} not found")
+            raise InvalidTransition(
+                f"ticket {ticket_id} is {found}; {kind} needs {' or '.join(expected)}",
+                state=found,
+            )
         append_event(
             ticket_id=ticket_id,
             kind=kind,
@@ -115,7 +128,7 @@ def update_fields(*, ticket_id: uuid.UUID, kind: str, actor: str, detail=None, *
     if "state" in fields:
         raise ValueError("update_fields never writes the work state: use transition()")
     now = timezone.now()
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         Ticket.objects.filter(id=ticket_id).update(
             updated_at=now, version=F("version") + 1, **fields
         )
@@ -135,7 +148,12 @@ def _on_terminal(*, ticket_id: uuid.UUID) -> None:
         callbacks.ensure_callback(source_id=ticket_id)
     if ticket.parent_id is not None and ticket.rerun_of_id is None:
         return
-    rerun = Ticket.objects.filter(rerun_of_id=ticket_id).values_list("id", flat=True).first()
+    # Only an orphaned ticket can have been superseded by a re-run.
+    rerun = (
+        Ticket.objects.filter(rerun_of_id=ticket_id).values_list("id", flat=True).first()
+        if ticket.state == TicketState.ORPHANED
+        else None
+    )
     if rerun is None:
         delivery.on_root_terminal(ticket=ticket)
     elif ticket.obligation_state == ObligationState.OPEN:
