@@ -229,15 +229,21 @@ def repetition(tag: str, n: int, block: int, raw, raw_client, endpoint_id: int) 
 
 
 def count_queries() -> dict[str, int]:
-    """Round trips of one new and one duplicate admission (publish off)."""
+    """Round trips of one new and one duplicate admission (publish off).
+    Counted through Django's cursor, so with the prepared path switched off
+    for the count (the prepared statement bypasses Django's cursor; it is the
+    same single statement)."""
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext
+    from django.test.utils import CaptureQueriesContext, override_settings
 
     from config.celery import app
     from tickets.admission import admit_ticket
 
     key = f"count-{uuid.uuid4().hex}"
-    with mock.patch.object(app, "send_task", lambda *a, **kw: None):
+    with (
+        mock.patch.object(app, "send_task", lambda *a, **kw: None),
+        override_settings(ADMISSION_PREPARED=False),
+    ):
         with CaptureQueriesContext(connection) as new:
             admit_ticket(endpoint=ADDRESS, input=ticket_input(key), dedupe_key=key)
         with CaptureQueriesContext(connection) as dup:
