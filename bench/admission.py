@@ -154,12 +154,14 @@ def raw_dup_loop(conn, rows: list[dict], endpoint_id: int) -> float:
 
     started = time.perf_counter()
     for params in rows:
-        assert conn.execute(_FAST_SQL, params).fetchone() is None
+        # The statement finds the ticket that holds the key (its id and input
+        # hash); the full row is then read by id.
+        found = conn.execute(_FAST_SQL, params).fetchone()
+        assert found is not None and found[4] == params["sha"]
         existing = conn.execute(
-            "SELECT * FROM tickets_ticket WHERE endpoint_id = %s AND dedupe_key = %s LIMIT 1",
-            (endpoint_id, params["dedupe_key"]),
+            "SELECT * FROM tickets_ticket WHERE id = %s", (found[0],)
         ).fetchone()
-        assert existing is not None and params["sha"] in existing
+        assert existing is not None
     return time.perf_counter() - started
 
 
