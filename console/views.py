@@ -11,6 +11,7 @@ the view renders alone (``page.html#region``) when htmx asks for it.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from functools import wraps
 
 from django.contrib import messages
@@ -31,9 +32,9 @@ from endpoints.selectors import is_owner, resolve_endpoint
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery_services
 from recovery.models import CaseState
-from tickets import delivery
+from tickets import delivery, obligations
 from tickets import selectors as ticket_selectors
-from tickets.models import DeliveryState, TicketState
+from tickets.models import DeliveryState, ObligationState, TicketState
 
 from . import selectors
 from .forms import DecisionForm, LessonForm
@@ -145,7 +146,13 @@ def ticket_list(request):
     )
 
 
-def _ticket_context(request, ticket_id: uuid.UUID, *, approve_error: str | None = None) -> dict:
+def _ticket_context(
+    request,
+    ticket_id: uuid.UUID,
+    *,
+    approve_error: str | None = None,
+    obligation_error: str | None = None,
+) -> dict:
     try:
         detail = selectors.ticket_detail(ticket_id)
     except NotFound:
@@ -158,6 +165,9 @@ def _ticket_context(request, ticket_id: uuid.UUID, *, approve_error: str | None 
         "can_approve": ticket.delivery_state == DeliveryState.AWAITING_APPROVAL
         and is_owner(request.user, ticket.endpoint),
         "approve_error": approve_error,
+        "can_manage_obligation": ticket.obligation_state == ObligationState.OPEN
+        and is_owner(request.user, ticket.endpoint),
+        "obligation_error": obligation_error,
     }
 
 
@@ -186,6 +196,43 @@ def ticket_approve(request, ticket_id):
         context = _ticket_context(request, ticket.id)
         return page(request, "console/ticket_detail.html", context, region="ticket")
     return redirect("ticket_detail", ticket_id=ticket.id)
+
+
+@login_required
+@require_POST
+def ticket_obligation(request, ticket_id):
+    """Owners set the next-update time and posture note, or close the
+    obligation, through tickets.obligations (which checks again)."""
+    try:
+        ticket = ticket_selectors.get_ticket(ticket_id)
+    except NotFound:
+        raise Http404("ticket not found") from None
+    if not is_owner(request.user, ticket.endpoint):
+        raise PermissionDenied("only the endpoint's owners may manage its obligations")
+    note = request.POST.get("note", "").strip() or None
+    raw_due = request.POST.get("next_update_at", "").strip()
+    try:
+        due = datetime.fromisoformat(raw_due) if raw_due else None
+        if request.POST.get("action") == "close":
+            obligations.close_obligation(ticket_id=ticket.id, user=request.user, note=note or "")
+            done = "Obligation closed."
+        else:
+            obligations.update_obligation(
+                ticket_id=ticket.id, user=request.user, next_update_at=due, note=note
+            )
+            done = "Obligation updated."
+    except ValueError:
+        error = f"{raw_due!r} is not a date and time (UTC)"
+    except DomainError as exc:
+        error = exc.detail
+    else:
+        messages.success(request, done)
+        if request.htmx:
+            context = _ticket_context(request, ticket.id)
+            return page(request, "console/ticket_detail.html", context, region="ticket")
+        return redirect("ticket_detail", ticket_id=ticket.id)
+    context = _ticket_context(request, ticket.id, obligation_error=error)
+    return page(request, "console/ticket_detail.html", context, region="ticket", status=REFUSED)
 
 
 # --- Traces ------------------------------------------------------------------------------------

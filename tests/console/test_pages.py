@@ -651,3 +651,50 @@ def test_a_rerun_carries_the_obligation_and_links_to_its_original(client, owner,
     detail = client.get(f"/tickets/{rerun.id}/").content.decode()
     assert "Re-run of" in detail
     assert f'href="/tickets/{case.ticket_id}/"' in detail
+
+
+# --- Obligations on the ticket page ------------------------------------------------------------
+
+
+def test_obligation_form_only_for_owners(client, member, gate_owner, gated):
+    url = f"/tickets/{gated.id}/"
+    client.force_login(member)
+    assert b"Close obligation" not in client.get(url).content
+    response = client.post(f"/tickets/{gated.id}/obligation/", {"action": "close", "note": "x"})
+    assert response.status_code == 403
+    gated.refresh_from_db()
+    assert gated.obligation_state == "open"
+    client.force_login(gate_owner)
+    assert b"Close obligation" in client.get(url).content
+
+
+def test_owner_updates_then_closes_the_obligation_through_htmx(client, gate_owner, gated):
+    client.force_login(gate_owner)
+    url = f"/tickets/{gated.id}/obligation/"
+    response = client.post(
+        url,
+        {"action": "update", "note": "waiting on legal", "next_update_at": "2099-01-02T03:04"},
+        **HX,
+    )
+    assert response.status_code == 200 and not is_full_page(response)
+    gated.refresh_from_db()
+    assert gated.obligation_note == "waiting on legal"
+    assert gated.obligation_due_at.isoformat().startswith("2099-01-02T03:04")
+    response = client.post(url, {"action": "close", "note": "answered by phone"}, **HX)
+    assert response.status_code == 200
+    assert "Close obligation" not in response.content.decode()  # closed: no form
+    gated.refresh_from_db()
+    assert gated.obligation_state == "closed"
+
+
+def test_refused_obligation_changes_show_the_reason(client, gate_owner, gated):
+    client.force_login(gate_owner)
+    url = f"/tickets/{gated.id}/obligation/"
+    bad_date = client.post(url, {"action": "update", "next_update_at": "soon"}, **HX)
+    assert bad_date.status_code == 422 and "not a date" in alert_text(bad_date)
+    past = client.post(url, {"action": "update", "next_update_at": "2001-01-01T00:00"}, **HX)
+    assert past.status_code == 422 and alert_text(past)
+    no_note = client.post(url, {"action": "close"}, **HX)
+    assert no_note.status_code == 422 and "note" in alert_text(no_note)
+    gated.refresh_from_db()
+    assert gated.obligation_state == "open"
