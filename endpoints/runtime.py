@@ -137,7 +137,7 @@ def start_turn(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> Started | N
         )
         lifecycle.transition(
             ticket_id=ticket.id,
-            expected=[TicketState.QUEUED],
+            expected=TicketState.QUEUED,
             to=TicketState.RUNNING,
             kind="turn_started",
             actor=f"worker:{turn.worker['host']}:{turn.worker['pid']}",
@@ -421,7 +421,7 @@ def _apply(*, ticket: Ticket, turn: Turn, outcome: Outcome, source: str) -> str:
             }
         lifecycle.transition(
             ticket_id=ticket.id,
-            expected=[TicketState.RUNNING],
+            expected=TicketState.RUNNING,
             to=to,
             kind="turn_stopped",
             actor=actor,
@@ -441,7 +441,7 @@ def _apply(*, ticket: Ticket, turn: Turn, outcome: Outcome, source: str) -> str:
             _apply_resume(ticket=ticket, turn=turn, resume=outcome.resume, actor=actor)
         lifecycle.transition(
             ticket_id=ticket.id,
-            expected=[TicketState.RUNNING],
+            expected=TicketState.RUNNING,
             to=TicketState.SUCCEEDED,
             kind="turn_completed",
             actor=actor,
@@ -466,7 +466,7 @@ def _fail_turn(*, ticket: Ticket, turn: Turn, actor: str, error: Any) -> str:
     _context_entry(ticket, turn, {"error": error}, [])
     lifecycle.transition(
         ticket_id=ticket.id,
-        expected=[TicketState.RUNNING],
+        expected=TicketState.RUNNING,
         to=TicketState.FAILED,
         kind="turn_failed",
         actor=actor,
@@ -517,7 +517,7 @@ def _apply_wait(*, ticket: Ticket, turn: Turn, outcome: Outcome, actor: str) -> 
     _context_entry(ticket, turn, {"waiting_for": children}, [])
     lifecycle.transition(
         ticket_id=ticket.id,
-        expected=[TicketState.RUNNING],
+        expected=TicketState.RUNNING,
         to=TicketState.WAITING,
         kind="waiting_for_children",
         actor=actor,
@@ -566,7 +566,7 @@ def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: 
     if resume.error is not None:
         lifecycle.transition(
             ticket_id=target.id,
-            expected=[TicketState.WAITING],
+            expected=TicketState.WAITING,
             to=TicketState.FAILED,
             kind="resumed",
             actor=actor,
@@ -578,7 +578,7 @@ def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: 
     else:
         lifecycle.transition(
             ticket_id=target.id,
-            expected=[TicketState.WAITING],
+            expected=TicketState.WAITING,
             to=TicketState.SUCCEEDED,
             kind="resumed",
             actor=actor,
@@ -734,7 +734,7 @@ def quarantine_turn(*, turn_id: uuid.UUID) -> uuid.UUID | None:
         )
         lifecycle.transition(
             ticket_id=turn.ticket_id,
-            expected=[TicketState.RUNNING],
+            expected=TicketState.RUNNING,
             to=TicketState.RECOVERING,
             kind="turn_uncertain",
             actor="sweeper",

@@ -238,7 +238,7 @@ def decide(
             )
             lifecycle.transition(
                 ticket_id=ticket.id,
-                expected=[TicketState.RECOVERING],
+                expected=TicketState.RECOVERING,
                 to=TicketState.FAILED,
                 kind="released",
                 actor=actor,
@@ -260,7 +260,7 @@ def decide(
                 refs["rerun_ticket"] = str(rerun.id)
             lifecycle.transition(
                 ticket_id=ticket.id,
-                expected=[TicketState.RECOVERING],
+                expected=TicketState.RECOVERING,
                 to=TicketState.ORPHANED,
                 kind="orphaned",
                 actor=actor,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
@@ -58,7 +57,7 @@ def append_event(
 def transition(
     *,
     ticket_id: uuid.UUID,
-    expected: Iterable[str],
+    expected: str,
     to: str,
     kind: str,
     actor: str,
@@ -66,15 +65,14 @@ def transition(
     detail: dict[str, Any] | None = None,
     **fields: Any,
 ) -> str:
-    """Move a ticket from one of ``expected`` to ``to``; returns the prior state.
+    """Move a ticket from ``expected`` to ``to``; returns the prior state.
 
     Refuses edges the state machine does not have (a programming error) and
-    prior states that do not match (a race lost): both write nothing.
+    a prior state that does not match (a race lost): both write nothing.
     """
-    expected = [str(s) for s in expected]
-    for prior in expected:
-        if to not in TICKET_EDGES[prior]:
-            raise ValueError(f"no edge {prior} -> {to} in the ticket state machine")
+    expected = str(expected)
+    if to not in TICKET_EDGES[expected]:
+        raise ValueError(f"no edge {expected} -> {to} in the ticket state machine")
     now = timezone.now()
     if to in TERMINAL_STATES:
         fields.setdefault("finished_at", now)
@@ -82,43 +80,30 @@ def transition(
     # and every caller lets the error end its transaction (no savepoint
     # round trips on the hot path).
     with transaction.atomic(savepoint=False):
-        if len(expected) == 1:
-            # The conditional UPDATE is the check: one statement when it wins.
-            current = expected[0]
-            updated = Ticket.objects.filter(id=ticket_id, state=current).update(
-                state=to, updated_at=now, version=F("version") + 1, **fields
-            )
-        else:
-            # Lock first so the prior state we report is the one we replace.
-            current = (
-                Ticket.objects.select_for_update()
-                .filter(id=ticket_id, state__in=expected)
-                .values_list("state", flat=True)
-                .first()
-            )
-            updated = current is not None and Ticket.objects.filter(
-                id=ticket_id, state=current
-            ).update(state=to, updated_at=now, version=F("version") + 1, **fields)
+        # The conditional UPDATE is the check (and takes the row lock): one
+        # statement when it wins.
+        updated = Ticket.objects.filter(id=ticket_id, state=expected).update(
+            state=to, updated_at=now, version=F("version") + 1, **fields
+        )
         if not updated:
             found = Ticket.objects.filter(id=ticket_id).values_list("state", flat=True).first()
             if found is None:
                 raise NotFound(f"ticket {ticket_id} not found")
             raise InvalidTransition(
-                f"ticket {ticket_id} is {found}; {kind} needs {' or '.join(expected)}",
-                state=found,
+                f"ticket {ticket_id} is {found}; {kind} needs {expected}", state=found
             )
         append_event(
             ticket_id=ticket_id,
             kind=kind,
             actor=actor,
-            from_state=current,
+            from_state=expected,
             to_state=to,
             turn_id=turn_id,
             detail=detail,
         )
         if to in TERMINAL_STATES:
             _on_terminal(ticket_id=ticket_id)
-    return current
+    return expected
 
 
 def update_fields(*, ticket_id: uuid.UUID, kind: str, actor: str, detail=None, **fields) -> None:
@@ -177,7 +162,7 @@ def cancel_ticket(*, ticket_id: uuid.UUID, actor: str) -> Ticket:
         if ticket.state in (TicketState.QUEUED, TicketState.WAITING):
             transition(
                 ticket_id=ticket_id,
-                expected=[ticket.state],
+                expected=ticket.state,
                 to=TicketState.CANCELLED,
                 kind="cancelled",
                 actor=actor,
