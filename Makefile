@@ -1,13 +1,25 @@
 # Claimcheck — `make help` lists the targets.
 SHELL := /bin/bash
 PY := .venv/bin/python
-TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/claimcheck
+# The test run uses the two-role setup (README, "Database roles"): pytest-django
+# creates and migrates the test database as TEST_DB_OWNER; the code under test
+# and the Celery processes connect as TEST_DB_APP. `make test` creates both roles.
+TEST_DB_OWNER ?= claimcheck_owner
+TEST_DB_APP ?= claimcheck_app
+TEST_DATABASE_URL ?= postgres://$(TEST_DB_OWNER)@127.0.0.1:5432/claimcheck
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+PG_SUPERUSER_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+# pytest-xdist workers for `make test`: each has its own test database
+# (test_claimcheck_gw0, ...) and Redis database (tests/conftest.py); a test
+# file stays on one worker. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+# pytest-django's name for the test database (test_ + the URL's database name).
+TEST_DB_NAME = test_$(lastword $(subst /, ,$(firstword $(subst ?, ,$(TEST_DATABASE_URL)))))
 
-.PHONY: help install run test test-fast lint fmt services browser bench clean
+.PHONY: help install run test test-fast faults multihost lint fmt services browser bench bench-install bench-peers bench-http bench-scale clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 .venv/.installed: pyproject.toml uv.lock
 	@command -v uv >/dev/null || python3 -m pip install --quiet 'uv>=0.9,<1'
@@ -20,7 +32,9 @@ run: install ## migrate, seed the demo, start web + worker + beat on the embedde
 	$(PY) manage.py migrate --no-input -v0
 	$(PY) manage.py seed_demo
 	@echo "Starting web (http://127.0.0.1:8000), workers and beat; Ctrl-C stops all of them."
-	.venv/bin/honcho start -f Procfile
+	@# One metrics directory for web and workers (docs/operations.md), empty at each start.
+	rm -rf var/metrics && mkdir -p var/metrics
+	PROMETHEUS_MULTIPROC_DIR=$(CURDIR)/var/metrics $(PY) scripts/procs.py start -f Procfile
 
 services: ## start the machine's PostgreSQL and Redis if they are stopped
 	@scripts/services.sh
@@ -28,20 +42,46 @@ services: ## start the machine's PostgreSQL and Redis if they are stopped
 browser: ## install Debian's chromium for the console tests
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: install services browser ## every test against PostgreSQL and Redis
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
-		$(PY) -m pytest $(PYTEST_ARGS)
+test: install services browser ## the layer contracts, then every test against PostgreSQL and Redis
+	.venv/bin/lint-imports --no-cache
+	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
+		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
+	DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) \
+		CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		--durations 15 $(PYTEST_ARGS)
 
-lint: install ## ruff check and format check
+faults: install services ## the full fault suite (private PostgreSQL + Redis it kills; `make test` runs a reduced set)
+	FAULTS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)
+
+multihost: install services ## hosts A and B on one machine: two webs, two turns workers, control, beat; kill B mid-turn
+	MULTIHOST=1 DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+		$(PY) -m pytest -m multihost tests/faults/test_multihost.py -s -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: install ## ruff check, format check and the layer contracts (import-linter)
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports --no-cache
 
 fmt: install ## ruff fix and format
 	.venv/bin/ruff check --fix .
 	.venv/bin/ruff format .
 
-bench: install services ## benchmarks, each with its ratio to a floor measured in the same run
+bench-install: install ## the benchmarks' optional dependency group (DBOS, Procrastinate) and wrk
+	uv sync --frozen --python python3 --group bench
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
+
+bench: bench-install services ## admission and turn benchmarks, each with its ratio to a floor measured in the same run
 	$(PY) bench/admission.py && $(PY) bench/turns.py
+
+bench-peers: bench-install services ## Claimcheck against DBOS and Procrastinate: admission and end to end
+	$(PY) bench/peers.py
+
+bench-http: bench-install services ## gunicorn + wrk: POST /api/v1/tickets against a django-ninja floor
+	$(PY) bench/http.py
+
+bench-scale: bench-install services ## reads, pages and sweeps at 10k and 1M tickets; bytes per ticket
+	$(PY) bench/scale.py
 
 clean: ## remove the virtual environment and var/
 	rm -rf .venv var

@@ -6,10 +6,11 @@ the same database and broker.
 
 Single-threaded, autocommit. Each repetition runs N iterations of each phase:
 
-- ``new``: admit_ticket with a distinct dedupe_key; the dispatch is published
-  to the real Redis broker (db 11; no worker consumes it; flushed afterwards);
+- ``new``: admit_ticket with a distinct dedupe_key. Admission never talks to
+  the broker: its statement marks the ticket ``needs_dispatch`` and calls
+  ``pg_notify`` (the dispatcher publishes; none runs here);
 - ``new, publish off``: the same with ``app.send_task`` replaced by a no-op in
-  this process only: the difference to ``new`` is the broker publish;
+  this process only (kept from when admission published: now the same work);
 - ``duplicate``: admit_ticket again with the keys and inputs of ``new``;
 - floor ``raw CTE``: the fast path's own statement (``_FAST_SQL``: INSERT ...
   ON CONFLICT DO NOTHING RETURNING, the event and the trace row in one CTE)
@@ -17,8 +18,11 @@ Single-threaded, autocommit. Each repetition runs N iterations of each phase:
   from the fifth execution), parameters built before the clock starts;
 - floor ``raw duplicate``: the same statement on a key that exists (the
   conflict: no row, nothing to flush to the WAL) and then a SELECT of the
-  existing ticket by (endpoint, dedupe_key) whose input hash is compared:
-  two round trips, the least the duplicate path can do with that statement;
+  existing ticket by id: two round trips (the floor issue 12's duplicate
+  target is stated against);
+- floor ``raw duplicate, one statement``: the statement alone on a key that
+  exists; it returns the existing ticket whole, which is all the duplicate
+  path now sends (one round trip);
 - floor ``raw insert``: a single-row INSERT into a scratch table;
 - floor ``raw send_task``: Celery's ``app.send_task`` of the same message to
   the same broker, alone (the publish's own floor);
@@ -52,9 +56,11 @@ from datetime import timedelta
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run as a script, Python puts bench/ first on sys.path, where bench/http.py
+# would shadow the standard library's ``http``: import from the repository root.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import benchlib  # noqa: E402
+from bench import benchlib  # noqa: E402
 
 ADDRESS = "bench.admission"
 PHASES = [
@@ -63,13 +69,16 @@ PHASES = [
     "duplicate",
     "raw_cte",
     "raw_dup",
+    "raw_dup_one",
     "raw_insert",
     "raw_send",
     "raw_cte_send",
     "raw_cte_clientside",
 ]
 # Phases that leave one message each on the broker's ``turns`` list.
-PUBLISHING = ("new", "raw_send", "raw_cte_send")
+# Admission itself publishes nothing (the dispatcher does, off the request
+# path): only the raw send floors put messages on the broker.
+PUBLISHING = ("raw_send", "raw_cte_send")
 
 
 def ticket_input(key: str) -> dict:
@@ -113,7 +122,7 @@ def cte_params(keys: list[str]) -> list[dict]:
     from django.conf import settings
     from django.utils import timezone
 
-    from tickets.admission import canonical_json
+    from config.canonical import canonical_json
     from tickets.ids import new_id
 
     rows = []
@@ -152,17 +161,38 @@ def raw_cte_loop(conn, rows: list[dict], *, expect_row: bool = True) -> float:
 def raw_dup_loop(conn, rows: list[dict], endpoint_id: int) -> float:
     from tickets.admission import _FAST_SQL
 
+    sha_column = _sha_column()
     started = time.perf_counter()
     for params in rows:
         # The statement finds the ticket that holds the key (its id and input
         # hash); the full row is then read by id.
         found = conn.execute(_FAST_SQL, params).fetchone()
-        assert found is not None and found[4] == params["sha"]
+        assert found is not None and found[sha_column] == params["sha"]
         existing = conn.execute(
             "SELECT * FROM tickets_ticket WHERE id = %s", (found[0],)
         ).fetchone()
         assert existing is not None
     return time.perf_counter() - started
+
+
+def raw_dup_one_loop(conn, rows: list[dict]) -> float:
+    """The statement alone on a key that exists: it returns the existing
+    ticket whole (one round trip, what the duplicate path now does)."""
+    from tickets.admission import _FAST_SQL
+
+    sha_column = _sha_column()
+    started = time.perf_counter()
+    for params in rows:
+        found = conn.execute(_FAST_SQL, params).fetchone()
+        assert found is not None and found[sha_column] == params["sha"]
+    return time.perf_counter() - started
+
+
+def _sha_column() -> int:
+    """Where the duplicate branch of ``_FAST_SQL`` puts the input hash."""
+    from tickets.admission import _TICKET_FIELDS
+
+    return 8 + [f.name for f in _TICKET_FIELDS].index("input_sha256")
 
 
 def raw_insert_loop(conn, rows: list[tuple]) -> float:
@@ -213,6 +243,7 @@ def repetition(tag: str, n: int, block: int, raw, raw_client, endpoint_id: int) 
         "duplicate": lambda s: duplicate_loop(keys["new"][s]),  # after "new" in each block
         "raw_cte": lambda s: raw_cte_loop(raw, cte_rows["raw_cte"][s]),
         "raw_dup": lambda s: raw_dup_loop(raw, dup_rows[s], endpoint_id),
+        "raw_dup_one": lambda s: raw_dup_one_loop(raw, dup_rows[s]),
         "raw_insert": lambda s: raw_insert_loop(raw, insert_rows[s]),
         "raw_send": lambda s: raw_send_loop(send_ids[s]),
         "raw_cte_send": lambda s: raw_cte_send_loop(raw, cte_rows["raw_cte_send"][s]),
@@ -350,7 +381,12 @@ def main() -> None:
         f"ratio {ratio('duplicate', 'raw_dup'):.2f}"
     )
     print(
-        f"split: the publish costs {publish_ms:.2f} ms per admission; raw Celery send_task "
+        f"  vs the statement alone on the existing key (it returns the row: one round trip) "
+        f"{med['raw_dup_one']:.0f}/s: ratio {ratio('duplicate', 'raw_dup_one'):.2f}"
+    )
+    print(
+        f"split: new minus publish-off {publish_ms:.2f} ms (admission no longer publishes); "
+        f"raw Celery send_task "
         f"alone {1e3 / med['raw_send']:.2f} ms ({med['raw_send']:.0f}/s)"
     )
     print(
@@ -360,7 +396,7 @@ def main() -> None:
     )
     print(
         f"round trips per admission: new {queries['new']}, duplicate {queries['duplicate']} "
-        f"(floors: 1 and 2)"
+        f"(floors: 1, and 2 or 1)"
     )
     summary = {
         "bench": "admission",
@@ -375,6 +411,7 @@ def main() -> None:
             "new_vs_raw_insert": ratio("new", "raw_insert"),
             "new_nopublish_vs_raw_cte": ratio("new_nopublish", "raw_cte"),
             "duplicate_vs_raw_dup": ratio("duplicate", "raw_dup"),
+            "duplicate_vs_raw_dup_one": ratio("duplicate", "raw_dup_one"),
             "raw_cte_clientside_vs_raw_cte": ratio("raw_cte_clientside", "raw_cte"),
         },
         "publish_ms": round(publish_ms, 3),

@@ -1,9 +1,12 @@
-"""What both benchmarks share: the scratch database and broker they own, Django
+"""What the benchmarks share: the scratch database and broker they own, Django
 set-up against them, worker subprocesses, and how figures are summarised.
 
-The benchmarks use only the database ``claimcheck_bench`` and Redis db 11 on
-127.0.0.1: other engineers run test suites against the other databases and
-Redis dbs at the same time, and the benchmarks drop and flush what they use.
+The benchmarks use only databases named ``claimcheck_bench*`` and Redis db 11
+on 127.0.0.1 (``BENCH_DB_SUFFIX`` and ``BENCH_BROKER_URL`` move them): other
+engineers run test suites against the other databases and Redis dbs at the
+same time, and the benchmarks drop and flush what they use.
+admission.py, turns.py and peers.py use ``claimcheck_bench``; a script that
+owns another (``use_database``) says so at its top.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DB_NAME = "claimcheck_bench"
+# Two people benchmarking at once: BENCH_DB_SUFFIX (e.g. "_h12") is appended
+# to every scratch database name, BENCH_BROKER_URL replaces Redis db 11.
+SUFFIX = os.environ.get("BENCH_DB_SUFFIX", "")
+DB_NAME = "claimcheck_bench" + SUFFIX
 PG_SERVER = "postgres://postgres@127.0.0.1:5432"
 DATABASE_URL = f"{PG_SERVER}/{DB_NAME}"
-BROKER_URL = "redis://127.0.0.1:6379/11"
+BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/11")
 # A hard ceiling for a whole script, whatever happens (a stuck worker, a
 # database blocked by someone else's lock): the script stops itself.
 WALL_LIMIT_S = 900
@@ -32,9 +38,23 @@ WALL_LIMIT_S = 900
 SEED_TICKETS = 20_000
 
 
+def use_database(name: str) -> None:
+    """Point this module (and so the Django set-up and the workers it starts)
+    at another scratch database of the bench's own, before anything uses it."""
+    global DB_NAME, DATABASE_URL
+    assert name.startswith("claimcheck_bench"), name
+    DB_NAME = name if name.endswith(SUFFIX) else name + SUFFIX
+    DATABASE_URL = f"{PG_SERVER}/{DB_NAME}"
+
+
 def bench_env() -> dict[str, str]:
     """The environment of the bench process and of the workers it starts."""
     env = dict(os.environ)
+    # The shells here set PYTHONDONTWRITEBYTECODE: every worker process would
+    # then compile Django, Celery and psycopg from source (10 s and more of
+    # start-up under load). A deployment runs from bytecode, so let the
+    # processes the bench starts write and reuse it.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         DATABASE_URL=DATABASE_URL,
@@ -59,14 +79,28 @@ def start_wall_clock(limit_s: float = WALL_LIMIT_S) -> None:
     signal.alarm(int(limit_s))
 
 
-def recreate_database() -> None:
-    """DROP and CREATE ``claimcheck_bench`` (autocommit), then migrate into it."""
+def create_empty_database(name: str) -> None:
+    """DROP (FORCE: a worker left over from an interrupted run must not block
+    us) and CREATE a scratch database of the bench's own."""
     import psycopg
 
+    assert name.startswith("claimcheck_bench"), name
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        # FORCE: a worker left over from an interrupted run must not block us.
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+
+
+def drop_database_named(name: str) -> None:
+    import psycopg
+
+    assert name.startswith("claimcheck_bench"), name
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def recreate_database() -> None:
+    """DROP and CREATE the bench's database (autocommit), then migrate into it."""
+    create_empty_database(DB_NAME)
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--no-input", "-v0"],
         cwd=ROOT,
@@ -119,10 +153,7 @@ def seed_ledger(endpoint_id: int, tickets: int = SEED_TICKETS) -> None:
 
 
 def drop_database() -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+    drop_database_named(DB_NAME)
 
 
 def setup_django() -> None:
@@ -160,26 +191,31 @@ def wait_for(
         time.sleep(interval)
 
 
-class Worker:
-    """One Celery worker subprocess in its own process group, logging to a file."""
+class Proc:
+    """A subprocess in its own process group, logging to a file; ready when
+    ``marker`` shows up in its log."""
 
-    def __init__(self, name: str, app: str, queues: str, concurrency: int, log_dir: Path):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log_dir: Path,
+        *,
+        marker: bytes = b"ready.",
+        env: dict[str, str] | None = None,
+    ):
         self.name = name
+        self.marker = marker
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "celery", "-A", app, "worker",
-                "-Q", queues, "-c", str(concurrency), "-P", "prefork",
-                "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
-                "--without-heartbeat", "--loglevel", "INFO",
-            ],
+            argv,
             cwd=ROOT,
-            env=bench_env(),
+            env=env or bench_env(),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def log(self) -> bytes:
         return self.log_path.read_bytes()
@@ -187,23 +223,40 @@ class Worker:
     def wait_ready(self, timeout: float = 60.0) -> None:
         def ready() -> bool:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker {self.name} exited:\n{self.log().decode()[-3000:]}")
-            return b"ready." in self.log()
+                raise RuntimeError(f"{self.name} exited:\n{self.log().decode()[-3000:]}")
+            return self.marker in self.log()
 
-        wait_for(ready, timeout=timeout, interval=0.1, what=f"worker {self.name} to be ready")
+        wait_for(ready, timeout=timeout, interval=0.1, what=f"{self.name} to be ready")
 
-    def stop(self) -> None:
-        """Warm shutdown of the whole process group; SIGKILL if it lingers."""
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM to the whole process group (a warm shutdown for Celery and
+        gunicorn); SIGKILL if it lingers."""
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             except ProcessLookupError:
                 pass
         self._log.close()
+
+
+class Worker(Proc):
+    """One Celery worker subprocess (prefork pool)."""
+
+    def __init__(self, name: str, app: str, queues: str, concurrency: int, log_dir: Path):
+        super().__init__(
+            name,
+            [
+                sys.executable, "-m", "celery", "-A", app, "worker",
+                "-Q", queues, "-c", str(concurrency), "-P", "prefork",
+                "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
+                "--without-heartbeat", "--loglevel", "INFO",
+            ],
+            log_dir,
+        )  # fmt: skip
 
 
 def median(values: list[float]) -> float:

@@ -16,7 +16,9 @@ import time
 import redis
 from celery import Celery
 
-BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/11")
+BROKER_URL = os.environ.get(
+    "CELERY_BROKER_URL", os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/11")
+)
 QUEUE = "bench_noop"
 DONE_KEY = "bench:noop:done"
 FINISHED_KEY = "bench:noop:finished_at"

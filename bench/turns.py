@@ -10,6 +10,9 @@ concurrency on the same broker, measured in the same run.
   ``celery -A config worker -Q turns,control -c C``. The clock runs from just
   before the first admission to the latest ``finished_at`` of the N tickets;
   the bench polls the database until all are terminal (with a deadline).
+- isolated: the same N tickets on K endpoints whose echo runs
+  ``"isolation": "process"`` (a forked child per turn), in the same run: the
+  per-turn cost of process isolation against the inline pipeline.
 - floor: N ``bench.noop`` tasks (bench/noop_app.py: its own Celery app, no
   Django) published to the same Redis db and consumed by
   ``celery -A bench.noop_app worker -Q bench_noop -c C``; the clock runs
@@ -32,6 +35,7 @@ import cProfile
 import io
 import json
 import logging
+import os
 import pstats
 import shutil
 import sys
@@ -43,18 +47,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run as a script, Python puts bench/ first on sys.path, where bench/http.py
+# would shadow the standard library's ``http``: import from the repository root.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import benchlib  # noqa: E402
+from bench import benchlib  # noqa: E402
 
 PROBE = "bench.turns-probe"
 
 
-def endpoint_address(i: int) -> str:
-    return f"bench.turns-{i:03d}"
+def endpoint_address(i: int, isolated: bool = False) -> str:
+    return f"bench.{'iso' if isolated else 'turns'}-{i:03d}"
 
 
-def pipeline_round(tag: str, n: int, k: int, timeout: float) -> dict:
+def pipeline_round(tag: str, n: int, k: int, timeout: float, isolated: bool = False) -> dict:
     """Admit N tickets over K endpoints; wait until all are terminal."""
     from django.db.models import Max
     from django.utils import timezone
@@ -67,7 +73,7 @@ def pipeline_round(tag: str, n: int, k: int, timeout: float) -> dict:
     ids = []
     for i in range(n):
         admitted = admit_ticket(
-            endpoint=endpoint_address(i % k), input={"i": i}, dedupe_key=f"{tag}-{i}"
+            endpoint=endpoint_address(i % k, isolated), input={"i": i}, dedupe_key=f"{tag}-{i}"
         )
         ids.append(admitted.ticket.id)
     admit_s = time.perf_counter() - clock
@@ -86,10 +92,47 @@ def pipeline_round(tag: str, n: int, k: int, timeout: float) -> dict:
             "states": dict(states)}  # fmt: skip
 
 
+def dispatch_latency(count: int, timeout: float) -> dict:
+    """Dispatch latency on an idle pipeline: one ticket at a time, from the
+    moment admission begins (so the admission statement and its commit are
+    included) to the turn's ``started_at`` (read by the worker once it holds
+    the lock). The path: NOTIFY at commit -> the control worker's dispatcher
+    thread wakes, unmarks, publishes -> a pool process takes the message and
+    starts the turn. Each ticket is waited on until terminal before the next."""
+    from django.utils import timezone
+
+    from endpoints.models import Turn
+    from tickets.admission import admit_ticket
+    from tickets.models import TERMINAL_STATES, Ticket
+
+    samples = []
+    for i in range(count):
+        before = timezone.now()
+        ticket_id = admit_ticket(
+            endpoint=endpoint_address(0), input={"lat": i}, dedupe_key=f"lat-{i}"
+        ).ticket.id
+        benchlib.wait_for(
+            lambda t=ticket_id: Ticket.objects.filter(id=t, state__in=TERMINAL_STATES).exists(),
+            timeout=timeout,
+            interval=0.005,
+            what="a latency probe to finish",
+        )
+        started = Turn.objects.get(ticket_id=ticket_id).started_at
+        samples.append((started - before).total_seconds() * 1e3)
+    samples.sort()
+    return {
+        "p50_ms": round(samples[len(samples) // 2], 2),
+        "p90_ms": round(samples[int(len(samples) * 0.9)], 2),
+        "max_ms": round(samples[-1], 2),
+        "count": count,
+    }
+
+
 def floor_round(n: int, timeout: float) -> dict:
     """Publish N no-op tasks; wait for the N-th to finish."""
-    import noop_app
     import redis
+
+    from bench import noop_app
 
     r = redis.Redis.from_url(benchlib.BROKER_URL)
     r.delete(noop_app.DONE_KEY, noop_app.FINISHED_KEY)
@@ -217,10 +260,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions (<= 7)")
     parser.add_argument("--timeout", type=float, default=150.0, help="deadline per round, s")
     parser.add_argument("--profile", action="store_true", help="print a turn's SQL and cProfile")
+    parser.add_argument("--latency-probes", type=int, default=40, help="dispatch latency samples")
     parser.add_argument("--keep", action="store_true", help="keep claimcheck_bench afterwards")
     args = parser.parse_args()
     n, k, reps = min(args.n, 5000), max(1, min(args.k, 200)), min(args.reps, 7)
     conc = max(1, min(args.concurrency, 8))
+    # Another scratch database / Redis db, so two benches on one machine do not collide.
+    if os.environ.get("BENCH_DB"):
+        benchlib.use_database(os.environ["BENCH_DB"])
+    benchlib.BROKER_URL = os.environ.get("BENCH_BROKER_URL", benchlib.BROKER_URL)
     benchlib.start_wall_clock()
 
     benchlib.recreate_database()
@@ -231,9 +279,13 @@ def main() -> None:
 
     from endpoints.services import create_endpoint
 
-    runner = {"kind": "python", "path": "endpoints.demo.echo"}
+    # The pipeline runs inline (the floor of the runtime itself); the same
+    # tickets on process-isolated endpoints show what a fork per turn costs.
+    runner = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
+    isolated = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "process"}
     for i in range(k):
         create_endpoint(address=endpoint_address(i), runner=runner)
+        create_endpoint(address=endpoint_address(i, True), runner=isolated)
     create_endpoint(address=PROBE, runner=runner)
     # History on an endpoint of its own: the turn's queries go by ticket id,
     # lock row and the partial queued index, not by how many tickets exist.
@@ -243,6 +295,7 @@ def main() -> None:
     workers: list[benchlib.Worker] = []
     pipeline: list[dict] = []
     floor: list[dict] = []
+    iso: list[dict] = []
     try:
         workers.append(benchlib.Worker("bench-turns", "config", "turns,control", conc, log_dir))
         workers.append(benchlib.Worker("bench-noop", "bench.noop_app", "bench_noop", conc, log_dir))
@@ -250,21 +303,29 @@ def main() -> None:
             w.wait_ready()
         # Warm up: every pool process imports, connects and runs a few tasks.
         pipeline_round("warm", 2 * k, k, args.timeout)
+        pipeline_round("warm-iso", 2 * k, k, args.timeout, isolated=True)
         floor_round(4 * conc, args.timeout)
         for rep in range(reps):
             pipeline.append(pipeline_round(f"r{rep}", n, k, args.timeout))
             floor.append(floor_round(n, args.timeout))
+            iso.append(pipeline_round(f"i{rep}", n, k, args.timeout, isolated=True))
             p, f = pipeline[-1], floor[-1]
             print(
                 f"  rep {rep + 1}/{reps}: pipeline {p['per_s']:.0f} tickets/s "
                 f"({p['seconds']:.2f}s, admitting took {p['admit_s']:.2f}s, {p['states']})  "
                 f"floor {f['per_s']:.0f} tasks/s ({f['seconds']:.2f}s, "
-                f"publishing took {f['publish_s']:.2f}s)  ratio {p['per_s'] / f['per_s']:.2f}",
+                f"publishing took {f['publish_s']:.2f}s)  ratio {p['per_s'] / f['per_s']:.2f}  "
+                f"isolated {iso[-1]['per_s']:.0f} tickets/s ({iso[-1]['states']})",
                 flush=True,
             )
-        queries = probe_turns(show=args.profile)
-        if args.profile:
-            profile_turns(50)
+        time.sleep(1.0)  # let the pipeline go idle
+        latency = dispatch_latency(args.latency_probes, args.timeout)
+        print(
+            f"  dispatch latency (admission -> turn started, idle, {latency['count']} probes): "
+            f"p50 {latency['p50_ms']:.1f} ms  p90 {latency['p90_ms']:.1f} ms  "
+            f"max {latency['max_ms']:.1f} ms",
+            flush=True,
+        )
     except BaseException:
         print(f"worker logs kept in {log_dir}", file=sys.stderr)
         raise
@@ -275,18 +336,27 @@ def main() -> None:
         # the one ``dispatch_next`` publishes when a turn releases the lock.
         received = workers[0].log().count(b"] received") if workers else 0
         benchlib.flush_broker()
+    try:
+        # With the workers gone: no dispatcher publishes the probe's tickets.
+        queries = probe_turns(show=args.profile)
+        if args.profile:
+            profile_turns(50)
+    finally:
         connection.close()
         if not args.keep:
             benchlib.drop_database()
 
-    tickets_total = 2 * k + n * len(pipeline)
+    tickets_total = 4 * k + n * (len(pipeline) + len(iso))
     messages_per_ticket = round(received / tickets_total, 2)
     failed = 0
-    for p in pipeline:
+    for p in pipeline + iso:
         failed += sum(c for s, c in p["states"].items() if s != "succeeded")
     med_p = benchlib.median([p["per_s"] for p in pipeline])
     med_f = benchlib.median([f["per_s"] for f in floor])
     ratio = round(med_p / med_f, 3)
+    med_i = benchlib.median([i["per_s"] for i in iso])
+    iso_ratio = round(med_i / med_p, 3)
+    fork_ms = 1e3 * conc * (1 / med_i - 1 / med_p)
     print(
         f"turns (no-op echo, {k} endpoints, -c {conc}): {med_p:.0f} tickets/s  "
         f"raw Celery no-op floor: {med_f:.0f} tasks/s  ratio {ratio:.2f}"
@@ -303,6 +373,15 @@ def main() -> None:
         f"{queries['in_statements_ms']:.1f} ms waiting on SQL statements and "
         f"{queries['in_commit_ms']:.1f} ms on {queries['commits']:g} COMMITs; the rest is Python"
     )
+    print(
+        f"dispatch latency p50 {latency['p50_ms']:.1f} ms (target < 20 ms idle), "
+        f"p90 {latency['p90_ms']:.1f} ms"
+    )
+    print(
+        f"isolated turns (a fork per turn, the same {k} endpoints' worth): {med_i:.0f} tickets/s  "
+        f"inline: {med_p:.0f} tickets/s  ratio isolated/inline {iso_ratio:.2f}  "
+        f"(process isolation costs {fork_ms:.1f} ms of a worker process per turn)"
+    )
     if failed:
         print(f"WARNING: {failed} ticket(s) did not succeed")
     summary = {
@@ -317,8 +396,15 @@ def main() -> None:
             "floor": [round(f["per_s"], 1) for f in floor],
         },
         "ratio": ratio,
+        "isolated": {
+            "per_s": round(med_i, 1),
+            "per_s_runs": [round(i["per_s"], 1) for i in iso],
+            "ratio_to_inline": iso_ratio,
+            "overhead_ms_per_turn": round(fork_ms, 1),
+        },
         "turn_queries": queries,
         "messages_per_ticket": messages_per_ticket,
+        "dispatch_latency": latency,
         "not_succeeded": failed,
     }
     print(json.dumps(summary, separators=(",", ":")))

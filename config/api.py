@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
-from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
 from config.errors import DomainError
+from config.inputs import JsonParser
+from config.openapi import DocumentedErrorsAPI
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +26,16 @@ class ApiKeyAuth(HttpBearer):
         return user
 
 
-api = NinjaAPI(
+# JsonParser: JSON bodies only, refusing what PostgreSQL cannot store (400
+# naming the field); DocumentedErrorsAPI: every route's error statuses in the
+# OpenAPI document (config/inputs.py, config/openapi.py).
+api = DocumentedErrorsAPI(
     title="Claimcheck",
     version="1",
     description="A ledger and runtime for reliable asynchronous agent work.",
     auth=ApiKeyAuth(),
     urls_namespace="api",
+    parser=JsonParser(),
 )
 
 
@@ -65,15 +71,14 @@ def _unauthenticated(request, exc):
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
-    codes = {
-        400: "invalid",
-        401: "unauthenticated",
-        403: "forbidden",
-        404: "not_found",
-        405: "invalid",
-        413: "too_large",
-    }
-    return error_response(exc.status_code, codes.get(exc.status_code, "invalid"), str(exc))
+    if isinstance(exc.__cause__, DomainError):
+        # ninja wraps whatever the body parser raises in a generic 400
+        # ("Cannot parse request body"); JsonParser's Invalid says what and where.
+        return _domain_error(request, exc.__cause__)
+    # One table of status -> code for the API and the error middleware.
+    from config.middleware import CODES
+
+    return error_response(exc.status_code, CODES.get(exc.status_code, "invalid"), str(exc))
 
 
 @api.exception_handler(Http404)
@@ -81,9 +86,36 @@ def _not_found(request, exc):
     return error_response(404, "not_found", str(exc) or "not found")
 
 
+@api.exception_handler(RequestDataTooBig)
+def _body_too_big(request, exc):
+    # Django's own cap (DATA_UPLOAD_MAX_MEMORY_SIZE, kept >= API_MAX_BODY_BYTES
+    # in settings): InputGuardMiddleware normally answers first.
+    return error_response(413, "too_large", "the request body is over the size Django reads")
+
+
+# --- Transient faults: 503 `unavailable` with Retry-After, never a 500 ----------------------
+# Registered per class: ninja looks a handler up by the exception's MRO.
+def _unavailable(request, exc):
+    from config.middleware import unavailable_response
+    from config.transient import drop_broken_connection
+
+    drop_broken_connection()
+    return unavailable_response(request, exc)
+
+
+def _register_transient_handlers() -> None:
+    from config.transient import TRANSIENT_ERRORS
+
+    for exc_class in TRANSIENT_ERRORS:
+        api.add_exception_handler(exc_class, _unavailable)
+
+
+_register_transient_handlers()
+
+
 def register_routers() -> None:
     from endpoints.api import router as endpoints_router
-    from endpoints.api import turns_router
+    from endpoints.api import turns_router, workers_router
     from recovery.api import router as recovery_router
     from tickets.api import router as tickets_router
 
@@ -91,6 +123,7 @@ def register_routers() -> None:
     api.add_router("/tickets", tickets_router)
     api.add_router("/turns", turns_router)
     api.add_router("/recovery", recovery_router)
+    api.add_router("/workers", workers_router)
 
 
 register_routers()

@@ -1,6 +1,6 @@
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -8,15 +8,87 @@ app = Celery("claimcheck")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+# Every sweep beat runs: the name it records its runs under (health.SweepRun,
+# read by /readyz) -> its task.
+SWEEP_TASKS = {
+    "budgets": "endpoints.sweep_budgets",
+    "lost_dispatches": "endpoints.sweep_lost_dispatches",
+    "deliveries": "tickets.sweep_deliveries",
+    "obligations": "tickets.sweep_obligations",
+}
 
-@app.on_after_finalize.connect
-def _beat_schedule(sender, **kwargs):
+
+def sweep_intervals() -> dict[str, float]:
+    """Each sweep's beat period in seconds, by the name in ``SWEEP_TASKS``."""
     from django.conf import settings
 
     every = settings.SWEEP_INTERVAL_S
-    sender.conf.beat_schedule = {
-        "sweep-budgets": {"task": "endpoints.sweep_budgets", "schedule": every},
-        "sweep-lost-dispatches": {"task": "endpoints.sweep_lost_dispatches", "schedule": every},
-        "sweep-deliveries": {"task": "tickets.sweep_deliveries", "schedule": every},
-        "sweep-obligations": {"task": "tickets.sweep_obligations", "schedule": max(every, 30)},
+    return {
+        "budgets": every,
+        "lost_dispatches": every,
+        "deliveries": every,
+        "obligations": settings.OBLIGATION_SWEEP_INTERVAL_S,
     }
+
+
+@app.on_after_finalize.connect
+def _beat_schedule(sender, **kwargs):
+    sender.conf.beat_schedule = {
+        f"sweep-{name.replace('_', '-')}": {"task": SWEEP_TASKS[name], "schedule": every}
+        for name, every in sweep_intervals().items()
+    }
+    from django.conf import settings
+
+    if settings.RETENTION_DAYS:  # tickets/retention.py; off by default
+        sender.conf.beat_schedule["prune-ledger"] = {
+            "task": "tickets.prune_ledger",
+            "schedule": settings.RETENTION_INTERVAL_S,
+        }
+
+
+# --- Logs and metrics in the worker (config/logs.py, config/metrics.py) -----------------------
+
+
+@signals.setup_logging.connect
+def _logging(**kwargs):
+    """Django's LOGGING (LOG_FORMAT, LOG_LEVEL) in workers and beat too: a
+    receiver here stops Celery from installing its own root handler."""
+    import logging.config
+
+    from django.conf import settings
+
+    logging.config.dictConfig(settings.LOGGING)
+
+
+@signals.task_prerun.connect
+def _bind_task(task_id=None, task=None, args=None, **kwargs):
+    from config import logs
+    from config.dispatch import DELIVER, RUN_TICKET
+
+    logs.clear()
+    fields = {"task": getattr(task, "name", ""), "task_id": task_id}
+    if args and task is not None and task.name == RUN_TICKET:
+        # The message's ticket; the turn that starts binds the ticket it runs.
+        fields["ticket_id"] = args[0]
+    elif args and task is not None and task.name == DELIVER:
+        fields["delivery_id"] = args[0]
+    logs.bind(**fields)
+
+
+@signals.task_postrun.connect
+def _unbind_task(**kwargs):
+    from config import logs
+
+    logs.clear()
+
+
+@signals.worker_process_shutdown.connect
+def _process_gone(pid=None, **kwargs):
+    # A prefork child's live gauges leave with it (PROMETHEUS_MULTIPROC_DIR);
+    # its counters stay in the host's total.
+    from config import metrics
+
+    if metrics.multiprocess_dir() and pid:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)

@@ -16,6 +16,41 @@ log = logging.getLogger(__name__)
 
 RUN_TICKET = "endpoints.run_ticket"
 DELIVER = "tickets.deliver"
+# The channel that wakes the dispatcher (endpoints/dispatcher.py): admission
+# notifies it in the statement that marks a ticket as owing a dispatch.
+DISPATCH_CHANNEL = "claimcheck_dispatch"
+
+
+def wake_dispatcher(using: str = "default") -> None:
+    """Notify the dispatcher, delivered when the current transaction commits
+    (PostgreSQL's NOTIFY is transactional; a rollback sends nothing). On
+    SQLite there is no LISTEN: the dispatcher polls."""
+    from django.db import connections
+
+    conn = connections[using]
+    if conn.vendor != "postgresql":
+        return
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
+
+
+def publish_now(task_name: str, ids: list[str]) -> int:
+    """Send ``task_name(id)`` for each id at once (the caller is outside any
+    transaction), over one producer connection. Returns how many were sent;
+    a failure leaves the rest to the lost-dispatch sweep."""
+    from config.celery import app
+
+    sent = 0
+    try:
+        with app.producer_or_acquire() as producer:
+            for one in ids:
+                app.send_task(task_name, args=[one], producer=producer)
+                sent += 1
+    except Exception:  # broker down: the sweep re-publishes from the ledger
+        log.exception(
+            "publish of %d %s message(s) failed; the sweep will retry", len(ids) - sent, task_name
+        )
+    return sent
 
 
 def publish(task_name: str, *args: Any, countdown: float | None = None) -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import base64
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import environ
+
+from config.logs import logging_config as logs_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -42,14 +45,26 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "template_partials",
+    "config.apps.ClaimcheckConfig",
+    # Swagger UI's JS and CSS from ninja's own static files (not a CDN).
+    "ninja",
+    "axes",
     "console",
     "endpoints",
     "tickets",
     "recovery",
+    "health",
 ]
 
 MIDDLEWARE = [
+    # First: the request id and incoming trace are bound for every log line,
+    # and echoed on every response (config/logs.py).
+    "config.logs.RequestContextMiddleware",
     "config.middleware.ApiErrorShapeMiddleware",
+    # Before sessions and keys are looked up: a NUL in a cookie or a key
+    # would otherwise reach PostgreSQL (and answer 500).
+    "config.middleware.InputGuardMiddleware",
+    "config.middleware.TransientFaultMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files from the app server itself (runserver without DEBUG, and
     # gunicorn): no separate web server needed for the console's CSS and htmx.
@@ -60,7 +75,10 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: turns a locked-out login into the lockout page (429).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -99,10 +117,39 @@ else:
     # Prepared statements only where asked for (prepare=True): the admission
     # hot path. Django's own queries keep being planned per execution.
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
+    # A database host that does not answer fails the connect in seconds (a
+    # 503 with Retry-After, a worker retry) instead of the OS's minutes.
+    DATABASES["default"]["OPTIONS"].setdefault(
+        "connect_timeout", env.int("DB_CONNECT_TIMEOUT_S", default=5)
+    )
+# Two roles (README, "Database roles"): `migrate` connects with
+# DATABASE_MIGRATE_URL (the owner role) when set; after every migrate the
+# application role is granted what web and workers need, and no more. It is
+# DATABASE_URL's user when the two URLs name different users.
+DATABASE_MIGRATE_URL = env.str("DATABASE_MIGRATE_URL", default="")
+_migrate_user = env.db_url_config(DATABASE_MIGRATE_URL).get("USER") if DATABASE_MIGRATE_URL else ""
+_app_user = DATABASES["default"].get("USER") or ""
+DATABASE_APP_ROLE = env.str("DATABASE_APP_ROLE", default="") or (
+    _app_user if _migrate_user and _migrate_user != _app_user else ""
+)
 # Admission's one statement as a server-side prepared statement (PostgreSQL).
 ADMISSION_PREPARED = env.bool("ADMISSION_PREPARED", default=True)
+# A turn's start and its common finish as one statement each (PostgreSQL).
+TURN_FAST_PATH = env.bool("TURN_FAST_PATH", default=True)
+# API keys verified in this process are remembered this many seconds (0: off),
+# at most API_KEY_CACHE_SIZE of them (console/keys.py): a revocation or a
+# user's deactivation made elsewhere takes effect here within this delay.
+API_KEY_CACHE_S = env.float("API_KEY_CACHE_S", default=10.0)
+API_KEY_CACHE_SIZE = env.int("API_KEY_CACHE_SIZE", default=1024)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a login from a locked-out username or address before the
+    # password is even checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -133,17 +180,127 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 
+# --- HTTPS and cookies (production switches, Django's own names) -------------------------
+# Off by default so `make run` works over plain http on localhost; a
+# production deployment behind TLS turns them on (README, "Production").
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[])
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+SESSION_COOKIE_HTTPONLY = env.bool("SESSION_COOKIE_HTTPONLY", default=True)
+SESSION_COOKIE_SAMESITE = env.str("SESSION_COOKIE_SAMESITE", default="Lax")
+CSRF_COOKIE_SAMESITE = env.str("CSRF_COOKIE_SAMESITE", default="Lax")
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+
+def _proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """``HEADER=value``, e.g. ``HTTP_X_FORWARDED_PROTO=https``: the header a
+    trusted TLS-terminating proxy sets (and strips from clients). Empty: none."""
+    if not value:
+        return None
+    header, sep, expected = value.partition("=")
+    if not sep or not header.startswith("HTTP_") or not expected:
+        raise ValueError("SECURE_PROXY_SSL_HEADER must look like HTTP_X_FORWARDED_PROTO=https")
+    return header, expected
+
+
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(env.str("SECURE_PROXY_SSL_HEADER", default=""))
+# Django's defaults, stated: nosniff, a same-origin referrer, no framing.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# Content-Security-Policy (django-csp) on every response: scripts and styles
+# only from our own static files, so an injected <script>, inline handler or
+# <style> does not run. The templates carry no inline script or style, and
+# htmx's injected indicator <style> is switched off (htmx-config in
+# base.html; the indicator rules live in console.css).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        # Swagger UI draws its icons from data: URIs.
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
+# --- Login throttling (django-axes, counted in the database: shared by every process) -------
+# A username, or a client address, with LOGIN_FAILURE_LIMIT failed log-ins in
+# a row is locked out for LOGIN_LOCKOUT_S (each failure during the lockout
+# starts it again); a successful log-in resets the username's count.
+AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=10)
+AXES_COOLOFF_TIME = timedelta(seconds=env.int("LOGIN_LOCKOUT_S", default=900))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_CLIENT_IP_CALLABLE = "console.throttle.client_ip"
+# Proxies in front of the app that append to X-Forwarded-For (0: none; the
+# client address is REMOTE_ADDR). Behind one proxy: 1.
+LOGIN_PROXY_COUNT = env.int("LOGIN_PROXY_COUNT", default=0)
+AXES_VERBOSE = False
+
 # --- Ledger limits -----------------------------------------------------------
 TICKET_MAX_INPUT_BYTES = env.int("TICKET_MAX_INPUT_BYTES", default=65536)
 TICKET_MAX_RESULT_BYTES = env.int("TICKET_MAX_RESULT_BYTES", default=65536)
 TRACE_SOFT_LIMIT = env.int("TRACE_SOFT_LIMIT", default=50)
 TRACE_HARD_LIMIT = env.int("TRACE_HARD_LIMIT", default=200)
 SWEEP_INTERVAL_S = env.float("SWEEP_INTERVAL_S", default=5.0)
+# Worker registry (GET /api/v1/workers, /workers): how often a worker says it
+# is alive, and after how long without that it is shown as lost.
+WORKER_HEARTBEAT_S = env.float("WORKER_HEARTBEAT_S", default=5.0)
+WORKER_LOST_AFTER_S = env.float("WORKER_LOST_AFTER_S", default=30.0)
 # A queued ticket of a free endpoint older than this is re-dispatched by beat
 # (its broker message was lost: broker flushed, publish failed after commit).
 REDISPATCH_AFTER_S = env.float("REDISPATCH_AFTER_S", default=10.0)
+# The dispatcher (endpoints/dispatcher.py; a thread of every worker that
+# consumes the control queue) publishes the turns admission marked as owed.
+# On PostgreSQL a NOTIFY wakes it; it also looks every DISPATCHER_POLL_S
+# seconds (the only wake-up on SQLite, where there is no LISTEN).
+DISPATCHER_ENABLED = env.bool("DISPATCHER_ENABLED", default=True)
+DISPATCHER_POLL_S = env.float("DISPATCHER_POLL_S", default=1.0)
+DISPATCHER_BATCH = env.int("DISPATCHER_BATCH", default=500)
+# Largest request body the API reads (413 too_large above it, before the
+# body is read). Well above the ledger's own caps, which admission and the
+# turn API enforce on the parsed content with their own 413.
+API_MAX_BODY_BYTES = env.int(
+    "API_MAX_BODY_BYTES",
+    default=max(1024 * 1024, 4 * max(TICKET_MAX_INPUT_BYTES, TICKET_MAX_RESULT_BYTES)),
+)
+# Django's own cap on a body it reads (2.5 MiB by default) must not undercut
+# the API's, or a body between the two would be refused by Django first.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(2_621_440, API_MAX_BODY_BYTES)
 # Longest wait_s an admission may ask for.
 ADMISSION_MAX_WAIT_S = env.float("ADMISSION_MAX_WAIT_S", default=60.0)
+# The obligations sweep has no need to run as often as the others.
+OBLIGATION_SWEEP_INTERVAL_S = env.float(
+    "OBLIGATION_SWEEP_INTERVAL_S", default=max(SWEEP_INTERVAL_S, 30.0)
+)
+
+# --- Retention (tickets/retention.py; `manage.py prune_ledger`) ------------------------------
+# Off by default (0: keep everything). When set, beat runs prune_ledger every
+# RETENTION_INTERVAL_S with --older-than RETENTION_DAYS, RETENTION_BATCH
+# traces per transaction.
+RETENTION_DAYS = env.float("RETENTION_DAYS", default=0.0)
+RETENTION_INTERVAL_S = env.float("RETENTION_INTERVAL_S", default=86400.0)
+RETENTION_BATCH = env.int("RETENTION_BATCH", default=500)
+
+# --- Transient faults (config/transient.py) ------------------------------------
+# How long a worker keeps trying to start or finish a turn (record an outcome
+# it knows) through a database outage, with capped backoff, before it gives up
+# and leaves the turn to the budget sweep.
+FINISH_RETRY_MAX_S = env.float("FINISH_RETRY_MAX_S", default=300.0)
+# The Retry-After (seconds) of a 503 `unavailable` (database or broker down).
+UNAVAILABLE_RETRY_AFTER_S = env.int("UNAVAILABLE_RETRY_AFTER_S", default=3)
 
 DELIVERY_ALLOWED_HOSTS = env.list("DELIVERY_ALLOWED_HOSTS", default=[])
 # Standard Webhooks keys are "whsec_" + standard base64 of the raw key bytes.
@@ -157,7 +314,22 @@ DELIVERY_MAX_ATTEMPTS = env.int("DELIVERY_MAX_ATTEMPTS", default=8)
 DELIVERY_TIMEOUT_S = env.float("DELIVERY_TIMEOUT_S", default=10.0)
 OBLIGATION_UPDATE_INTERVAL_S = env.int("OBLIGATION_UPDATE_INTERVAL_S", default=3600)
 
+# --- Runner allow-list (operator's, not staff's) --------------------------------
+# A python runner's path must lie inside one of these packages or modules
+# ("endpoints.demo." allows endpoints.demo.echo); a command runner's argv[0]
+# must be one of these executables, exactly as written (empty: no commands).
+# http runner URLs follow the webhook URL policy (DELIVERY_ALLOWED_HOSTS).
+# Checked when an endpoint is created or changed, and again before each turn.
+RUNNER_PYTHON_ALLOWED_PREFIXES = env.list(
+    "RUNNER_PYTHON_ALLOWED_PREFIXES", default=["endpoints.demo."]
+)
+RUNNER_COMMAND_ALLOWED = env.list("RUNNER_COMMAND_ALLOWED", default=[])
+
 # --- Celery -------------------------------------------------------------------
+# The longest turn budget (and grace, heartbeat timeout) an endpoint may have:
+# 7 days. One source for the cap (endpoints.services) and the broker's
+# visibility timeout below, which must exceed it.
+MAX_TURN_BUDGET_S = 7 * 24 * 3600
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
@@ -176,9 +348,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
     }
 else:
-    # The visibility timeout must exceed the longest turn budget; a redelivered
-    # message then finds its ticket no longer queued and does nothing.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
+    # The visibility timeout must exceed the longest turn budget
+    # (MAX_TURN_BUDGET_S, the cap endpoints.services enforces), so a message
+    # is never redelivered while its turn may still run; a redelivered message
+    # then finds its ticket no longer queued and does nothing.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": MAX_TURN_BUDGET_S + 3600}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"
@@ -187,18 +361,23 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-    },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {
-        "django.db.backends": {"level": "WARNING"},
-    },
-}
+# --- Logs (config/logs.py) and metrics (config/metrics.py) ------------------------------------
+# json: one JSON object per line (production); console: the classic line with
+# the ids appended (`make run`). Both carry request, ticket, turn and trace ids.
+LOG_FORMAT = env.str("LOG_FORMAT", default="console")
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
+LOGGING = logs_config(fmt=LOG_FORMAT, level=LOG_LEVEL)
+# Celery workers and beat use LOGGING too (config/celery.py connects setup_logging).
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Who may read /metrics: a client address in METRICS_ALLOWED_IPS (addresses or
+# networks, matched against REMOTE_ADDR), or a request with
+# "Authorization: Bearer <METRICS_BEARER_TOKEN>". Anyone else: 404.
+METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", default=["127.0.0.1", "::1"])
+METRICS_BEARER_TOKEN = env.str("METRICS_BEARER_TOKEN", default="")
+# PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself, from the
+# environment): one directory per host shared by gunicorn and the Celery
+# workers, emptied before they start (docs/operations.md).
+
 # Turns can occupy every worker process for their whole budget; sweeps and
 # deliveries get their own queue so a full pool can never starve the sweeps
 # that enforce budgets. `make run` starts a worker for each queue.
@@ -207,4 +386,5 @@ CELERY_TASK_ROUTES = {
     "endpoints.sweep_*": {"queue": "control"},
     "tickets.sweep_*": {"queue": "control"},
     "tickets.deliver": {"queue": "control"},
+    "tickets.prune_ledger": {"queue": "control"},
 }

@@ -3,6 +3,8 @@ from django.http import JsonResponse
 from django.urls import include, path, re_path
 
 from config.api import api
+from config.metrics import metrics_view
+from health import views as health_views
 
 
 def api_not_found(request, rest=""):
@@ -13,7 +15,17 @@ def api_not_found(request, rest=""):
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Probes: no login (nothing sensitive in them).
+    path("healthz", health_views.healthz, name="healthz"),
+    path("readyz", health_views.readyz, name="readyz"),
+    # Prometheus: METRICS_ALLOWED_IPS / METRICS_BEARER_TOKEN, else 404.
+    path("metrics", metrics_view, name="metrics"),
     path("api/v1/", api.urls),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),
     path("", include("console.urls")),
 ]
+
+# A transient fault raised outside a view (a middleware saving the session)
+# is a 503, not Django's 500 page (config/middleware.py).
+handler500 = "config.middleware.server_error"
+handler400 = "config.middleware.bad_request"

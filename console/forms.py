@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django import forms
 
+from config import limits
 from recovery.models import DecisionAction
 
 
@@ -25,7 +26,8 @@ ACTION_CHOICES = [
     ),
     (
         DecisionAction.AUTHORIZE_RERUN,
-        "authorize_rerun — orphan it and admit a re-run under a new identity",
+        "authorize_rerun — orphan it and admit a re-run under a new identity: the same "
+        "input, on the same endpoint with its current budget",
     ),
     (DecisionAction.KEEP_QUARANTINED, "keep_quarantined — change nothing; the case stays open"),
     (DecisionAction.RELEASE, "release — the turn is proven ended (needs evidence); ticket fails"),
@@ -37,11 +39,13 @@ class DecisionForm(forms.Form):
     inspection = InspectionChoiceField(
         queryset=None, empty_label=None, help_text="The inspection this decision rests on."
     )
-    rationale = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000)
+    rationale = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}), max_length=limits.TEXT_CHARS
+    )
     evidence = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 2}),
         required=False,
-        max_length=10_000,
+        max_length=limits.TEXT_CHARS,
         help_text="Required to release: what shows the uncertain turn ended.",
     )
 
@@ -52,14 +56,16 @@ class DecisionForm(forms.Form):
 
 
 class LessonForm(forms.Form):
-    what_failed = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000)
+    what_failed = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}), max_length=limits.TEXT_CHARS
+    )
     evidence = forms.CharField(
         label="Evidence that made the diagnosis possible",
         widget=forms.Textarea(attrs={"rows": 3}),
-        max_length=10_000,
+        max_length=limits.TEXT_CHARS,
     )
     prevention = forms.CharField(
         label="What would prevent it",
         widget=forms.Textarea(attrs={"rows": 3}),
-        max_length=10_000,
+        max_length=limits.TEXT_CHARS,
     )

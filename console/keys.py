@@ -1,13 +1,30 @@
 """API keys: ``cc_<prefix>_<secret>``; only a SHA-256 of the whole key is
-stored (the key has 256 bits of entropy, so a slow hash adds nothing)."""
+stored (the key has 256 bits of entropy, so a slow hash adds nothing).
+
+A key verified against its row is remembered in this process for
+``API_KEY_CACHE_S`` seconds (at most ``API_KEY_CACHE_SIZE`` keys, least
+recently used dropped first), so a client's steady stream of requests costs
+one query per key per process per TTL instead of one per request. The cache
+is keyed by the key's SHA-256 (the stored hash), never the key, and holds
+the user's row minus its password; each request gets a fresh user object.
+Revoking a key or saving its user (e.g. deactivating them) through the app
+drops the entries in this process at once; other processes see it within
+the TTL.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+import threading
+import time
+from collections import OrderedDict
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import DEFAULT_DB_ALIAS
+from django.utils import timezone
 
 from .models import ApiKey
 
@@ -28,17 +45,116 @@ def create_api_key(*, username: str, name: str = "", staff: bool = False) -> tup
     return row, key
 
 
+def revoke_api_key(prefix: str) -> bool:
+    """Revoke the key with this prefix, if it is not already revoked (one
+    conditional UPDATE). It stops working in this process at once and in
+    the others within ``API_KEY_CACHE_S``. Returns whether it was revoked now."""
+    row = ApiKey.objects.filter(prefix=prefix).only("id", "key_hash").first()
+    if row is None:
+        return False
+    revoked = bool(
+        ApiKey.objects.filter(id=row.id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    )
+    key_cache.forget_key(row.key_hash)
+    return revoked
+
+
+# --- The cache of verified keys ----------------------------------------------------------
+
+# Never the password hash: the API never reads it (a deferred field loads on access).
+_USER_FIELDS: list[str] | None = None
+
+
+def _user_fields() -> list[str]:
+    global _USER_FIELDS
+    if _USER_FIELDS is None:
+        _USER_FIELDS = [
+            f.attname for f in get_user_model()._meta.concrete_fields if f.name != "password"
+        ]
+    return _USER_FIELDS
+
+
+class KeyCache:
+    """Bounded LRU of verified keys: SHA-256 of the key -> (expiry, key id,
+    user id, the user's field values). Thread-safe (gthread workers)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[float, int, int, tuple]] = OrderedDict()
+
+    @staticmethod
+    def clock() -> float:
+        return time.monotonic()
+
+    def get(self, digest: str):
+        """The cached user for this key hash, as a fresh instance, or None."""
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            if entry[0] <= self.clock():
+                del self._entries[digest]
+                return None
+            self._entries.move_to_end(digest)
+        return get_user_model().from_db(DEFAULT_DB_ALIAS, _user_fields(), entry[3])
+
+    def put(self, digest: str, *, key_id: int, user) -> None:
+        ttl, size = settings.API_KEY_CACHE_S, settings.API_KEY_CACHE_SIZE
+        if ttl <= 0 or size <= 0:
+            return
+        values = tuple(getattr(user, name) for name in _user_fields())
+        with self._lock:
+            self._entries[digest] = (self.clock() + ttl, key_id, user.pk, values)
+            self._entries.move_to_end(digest)
+            while len(self._entries) > size:
+                self._entries.popitem(last=False)
+
+    def forget_key(self, digest: str) -> None:
+        with self._lock:
+            self._entries.pop(digest, None)
+
+    def forget_user(self, user_id) -> None:
+        with self._lock:
+            for digest in [d for d, e in self._entries.items() if e[2] == user_id]:
+                del self._entries[digest]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def digests(self) -> list[str]:
+        with self._lock:
+            return list(self._entries)
+
+    def snapshot(self) -> list[tuple]:
+        """Every entry as stored (for tests: what the cache holds)."""
+        with self._lock:
+            return [(d, *e) for d, e in self._entries.items()]
+
+
+key_cache = KeyCache()
+
+
 def user_for_key(key: str):
     parts = key.split("_", 2)
     if len(parts) != 3 or parts[0] != "cc":
         return None
+    digest = _hash(key)
+    if settings.API_KEY_CACHE_S > 0:
+        user = key_cache.get(digest)
+        if user is not None:
+            return user
     row = (
         ApiKey.objects.select_related("user")
         .filter(prefix=parts[1], revoked_at__isnull=True)
         .first()
     )
-    if row is None or not hmac.compare_digest(row.key_hash, _hash(key)):
+    if row is None or not hmac.compare_digest(row.key_hash, digest):
         return None
     if not row.user.is_active:
         return None
+    key_cache.put(digest, key_id=row.id, user=row.user)
     return row.user

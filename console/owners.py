@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.db import transaction
 
-from endpoints.selectors import resolve_endpoint
+from endpoints.services import add_owner
 
 
 def create_owner(*, username: str, password: str, endpoints: list[str]):
@@ -15,10 +14,7 @@ def create_owner(*, username: str, password: str, endpoints: list[str]):
         user.set_password(password)
         user.save()
         for address in endpoints:
-            endpoint = resolve_endpoint(address)
-            if endpoint.owners_id is None:
-                endpoint_group, _ = Group.objects.get_or_create(name=f"owners:{endpoint.address}")
-                type(endpoint).objects.filter(id=endpoint.id).update(owners=endpoint_group)
-                endpoint.owners = endpoint_group
-            user.groups.add(endpoint.owners)
+            # Through the endpoint service: a change of owners is an
+            # EndpointEvent like any other configuration change.
+            add_owner(address=address, user=user, actor=f"command:create_owner {username}")
     return user

@@ -4,6 +4,10 @@ in their apps' selectors; what is here exists to draw a page.
 Every query is bounded: the ledger grows without limit, so nothing here
 counts or scans a whole table to draw a page. Lists are keyset-paginated or
 capped, and counts by state are capped (``STATE_COUNT_CAP``).
+
+Every read on behalf of the logged-in user starts from
+``tickets.selectors.visible_tickets`` or ``recovery.selectors.visible_cases``:
+a page shows only what its user may see (API.md "Who may see and do what").
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import base64
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Q
@@ -21,15 +25,20 @@ from django.utils.dateparse import parse_datetime
 
 from config.errors import Invalid
 from endpoints.models import Endpoint, EndpointAlias, EndpointState, Turn
+from endpoints.selectors import owned_endpoint_ids, workers_overview
 from recovery.models import CaseEvidence, CaseState, Decision, Inspection, Lesson, RecoveryCase
+from recovery.selectors import visible_cases
 from tickets import selectors as ticket_selectors
 from tickets.models import (
+    TERMINAL_STATES,
     Delivery,
     DeliveryAttempt,
+    DeliveryState,
     ObligationState,
     Ticket,
     TicketState,
 )
+from tickets.selectors import visible_tickets
 
 # Counting every succeeded ticket would read the whole index; past this many
 # the dashboard says "10000+" instead.
@@ -48,24 +57,27 @@ class StateCount:
     capped: bool
 
 
-def ticket_state_counts(*, cap: int = STATE_COUNT_CAP) -> list[StateCount]:
-    """One bounded query per state: ``COUNT(*)`` over ``LIMIT cap + 1`` rows of
-    the ``(state, -id)`` index, so a large ledger costs at most ``cap`` index
-    entries per state rather than a full scan."""
+def ticket_state_counts(*, user, cap: int = STATE_COUNT_CAP) -> list[StateCount]:
+    """The user's visible tickets by state. One bounded query per state:
+    ``COUNT(*)`` over ``LIMIT cap + 1`` rows, so a large ledger costs at most
+    ``cap`` index entries per state rather than a full scan."""
     counts = []
+    visible = visible_tickets(user)
     for state in TicketState.values:
-        n = Ticket.objects.filter(state=state).order_by()[: cap + 1].count()
+        n = visible.filter(state=state).order_by()[: cap + 1].count()
         counts.append(StateCount(state=state, count=min(n, cap), capped=n > cap))
     return counts
 
 
-def quarantined_endpoints() -> list[Endpoint]:
-    """Quarantined endpoints, each with ``.case``: its newest case that is not
-    closed (the one an owner has to work on), or None."""
+def quarantined_endpoints(*, user) -> list[Endpoint]:
+    """Quarantined endpoints (everyone sees endpoints), each with ``.case``:
+    its newest case that is not closed (the one an owner has to work on), if
+    the user may see it, or None."""
     endpoints = list(Endpoint.objects.filter(state=EndpointState.QUARANTINED).order_by("address"))
     cases: dict[int, RecoveryCase] = {}
     for case in (
-        RecoveryCase.objects.filter(
+        visible_cases(user)
+        .filter(
             endpoint_id__in=[e.id for e in endpoints],
             state__in=[CaseState.OPEN, CaseState.DECIDED],
         )
@@ -78,27 +90,149 @@ def quarantined_endpoints() -> list[Endpoint]:
     return endpoints
 
 
-def _open_obligations():
+def _open_obligations(user):
     # Only tickets that answer to a requester carry an obligation: roots, and
     # re-runs (which have a parent, the ticket they replace, but take over its
     # obligation). So the state alone selects them, not ``parent IS NULL``.
     # The partial index ticket_obligation_open_idx covers exactly these rows.
-    return Ticket.objects.filter(obligation_state=ObligationState.OPEN).select_related(
-        "endpoint", "turn"
+    return (
+        visible_tickets(user)
+        .filter(obligation_state=ObligationState.OPEN)
+        .select_related("endpoint", "turn")
     )
 
 
-def overdue_obligations(*, limit: int = 20) -> list[Ticket]:
+# A finished ticket whose result waits for the requester to pull it (no
+# webhook): the platform owes nothing more, the requester has yet to fetch
+# and acknowledge. Its obligation stays open until then (tickets.delivery),
+# but the console does not call it overdue.
+_AWAITING_PICKUP = Q(
+    state__in=list(TERMINAL_STATES),
+    delivery_state__in=[DeliveryState.PENDING, DeliveryState.ATTEMPTED],
+) & (Q(requester__webhook_url__isnull=True) | Q(requester__webhook_url=""))
+
+
+def awaiting_pickup(ticket: Ticket) -> bool:
+    return (
+        ticket.is_terminal
+        and ticket.delivery_state in (DeliveryState.PENDING, DeliveryState.ATTEMPTED)
+        and not (ticket.requester or {}).get("webhook_url")
+    )
+
+
+def requester_lacks(ticket: Ticket) -> str:
+    """What the requester of an open obligation still lacks, in words."""
+    if not ticket.is_terminal:
+        return f"the result: the work is {ticket.state}"
+    if ticket.delivery_state == DeliveryState.AWAITING_APPROVAL:
+        return "the result: it waits for an owner's approval"
+    if awaiting_pickup(ticket):
+        return "nothing owed: the result is ready to pull; the requester has not acknowledged it"
+    if ticket.delivery_state == DeliveryState.FAILED:
+        return "the result: its delivery failed"
+    if ticket.delivery_state in (DeliveryState.PENDING, DeliveryState.ATTEMPTED):
+        return "the result: its webhook delivery is being retried"
+    return "an update on the ticket"
+
+
+def overdue_obligations(*, user, limit: int = 20) -> list[Ticket]:
+    """Open obligations past their update time that are really owed: a
+    finished result waiting to be pulled is not a debt."""
     now = timezone.now()
     return list(
-        _open_obligations()
+        _open_obligations(user)
         .filter(Q(obligation_due_at__lt=now) | Q(obligation_overdue=True))
+        .exclude(_AWAITING_PICKUP)
         .order_by("obligation_due_at", "id")[:limit]
     )
 
 
-def recent_tickets(*, limit: int = 20) -> list[Ticket]:
-    rows, _ = ticket_selectors.list_tickets(limit=limit)
+def last_hour(*, user) -> dict[str, Any]:
+    """Tickets admitted per minute over the last hour and, of those, how many
+    finished per minute; failures grouped by error code. Ticket ids are
+    UUIDv7, so "admitted in the last hour" is a primary key range: the
+    dashboard never reads older rows, whatever the size of the ledger."""
+    from django.db.models.fields.json import KeyTextTransform  # noqa: PLC0415
+    from django.db.models.functions import TruncMinute  # noqa: PLC0415
+
+    now = timezone.now()
+    since = now - timedelta(hours=1)
+    recent = visible_tickets(user).filter(id__gte=uuid7_floor(since)).order_by()
+    admitted = dict(
+        recent.annotate(m=TruncMinute("created_at")).values_list("m").annotate(n=Count("id"))
+    )
+    finished = dict(
+        recent.filter(finished_at__isnull=False)
+        .annotate(m=TruncMinute("finished_at"))
+        .values_list("m")
+        .annotate(n=Count("id"))
+    )
+    failures = list(
+        recent.filter(state=TicketState.FAILED)
+        .annotate(code=KeyTextTransform("code", "error"))
+        .values("code")
+        .annotate(n=Count("id"))
+        .order_by("-n", "code")[:10]
+    )
+    start = since.replace(second=0, microsecond=0)
+    minutes = [start + timedelta(minutes=i + 1) for i in range(60)]
+    peak = max([*admitted.values(), *finished.values(), 1])
+    bars = []
+    for i, minute in enumerate(minutes):
+        a, f = admitted.get(minute, 0), finished.get(minute, 0)
+        bars.append(
+            {
+                "x": 30 + i * 9,
+                "a": a,
+                "f": f,
+                "ah": round(60 * a / peak),
+                "fh": round(60 * f / peak),
+                "minute": minute,
+            }
+        )
+    for bar in bars:
+        bar["ay"] = 70 - bar["ah"]
+        bar["fy"] = 70 - bar["fh"]
+        bar["fx"] = bar["x"] + 4
+    return {
+        "bars": bars,
+        "peak": peak,
+        "admitted": sum(admitted.values()),
+        "finished": sum(finished.values()),
+        "failures": failures,
+        "since": since,
+    }
+
+
+# A worker that stopped heartbeating longer ago than this is history (a host
+# scaled down), not news: the dashboard stops flagging it; /workers still lists it.
+LOST_WORKER_FLAG_S = 3600
+
+
+def capacity_flags() -> dict[str, Any]:
+    """What the dashboard flags about capacity (issue 11): slots held by a
+    turn whose ticket already left ``running`` (the callable still occupies
+    its process), workers lost within the hour, and endpoints whose queued
+    tickets wait while every turns slot is busy. Counts and endpoint
+    addresses only (everyone sees endpoints); hosts and pids stay on the
+    staff-only workers page."""
+    overview = workers_overview()
+    recent = timezone.now() - timedelta(seconds=LOST_WORKER_FLAG_S)
+    lost = sum(
+        1
+        for w in overview["workers"]
+        if w["status"] == "lost" and datetime.fromisoformat(w["last_seen_at"]) >= recent
+    )
+    return {
+        "held": len(overview["held_turns"]),
+        "lost": lost,
+        "starved": overview["starved_endpoints"],
+        "any": bool(overview["held_turns"] or lost or overview["starved_endpoints"]),
+    }
+
+
+def recent_tickets(*, user, limit: int = 20) -> list[Ticket]:
+    rows, _ = ticket_selectors.list_tickets(user=user, limit=limit)
     return rows
 
 
@@ -123,12 +257,12 @@ def _decode_obligation_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 
 def open_obligations(
-    *, cursor: str | None = None, limit: int = OBLIGATIONS_PAGE
+    *, user, cursor: str | None = None, limit: int = OBLIGATIONS_PAGE
 ) -> tuple[list[Ticket], str | None]:
     """Open obligations of root tickets, soonest due first, so the overdue
     ones (due in the past) lead. Keyset-paginated on ``(due_at, id)``, which
     the partial index on open obligations serves."""
-    qs = _open_obligations().filter(obligation_due_at__isnull=False)
+    qs = _open_obligations(user).filter(obligation_due_at__isnull=False)
     if cursor:
         due, ticket_id = _decode_obligation_cursor(cursor)
         qs = qs.filter(Q(obligation_due_at__gt=due) | Q(obligation_due_at=due, id__gt=ticket_id))
@@ -136,7 +270,10 @@ def open_obligations(
     next_cursor = _encode_obligation_cursor(rows[limit - 1]) if len(rows) > limit else None
     now = timezone.now()
     for row in rows:
-        row.is_overdue = row.obligation_overdue or row.obligation_due_at < now
+        row.lacks = requester_lacks(row)
+        row.is_overdue = not awaiting_pickup(row) and (
+            row.obligation_overdue or row.obligation_due_at < now
+        )
     return rows[:limit], next_cursor
 
 
@@ -155,8 +292,11 @@ class TicketDetail:
     reruns: list[Ticket] = field(default_factory=list)
 
 
-def ticket_detail(ticket_id: uuid.UUID) -> TicketDetail:
-    ticket = ticket_selectors.get_ticket(ticket_id)
+def ticket_detail(ticket_id: uuid.UUID, *, user) -> TicketDetail:
+    """A ticket the user may see (else ``NotFound``), with its children and
+    re-runs the user may see."""
+    ticket = ticket_selectors.get_visible_ticket(ticket_id, user=user)
+    visible = visible_tickets(user)
     delivery = Delivery.objects.filter(ticket_id=ticket.id).first()
     return TicketDetail(
         ticket=ticket,
@@ -166,11 +306,9 @@ def ticket_detail(ticket_id: uuid.UUID) -> TicketDetail:
         turns=list(Turn.objects.filter(ticket_id=ticket.id).order_by("seq")),
         delivery=delivery,
         attempts=list(delivery.attempt_log.order_by("number")[:50]) if delivery else [],
-        reruns=list(Ticket.objects.filter(rerun_of_id=ticket.id).order_by("id")),
+        reruns=list(visible.filter(rerun_of_id=ticket.id).order_by("id")),
         children=list(
-            Ticket.objects.filter(parent_id=ticket.id)
-            .select_related("endpoint")
-            .order_by("id")[:LIST_CAP]
+            visible.filter(parent_id=ticket.id).select_related("endpoint").order_by("id")[:LIST_CAP]
         ),
     )
 
@@ -186,16 +324,21 @@ def endpoint_choices() -> list[str]:
 class TraceRow:
     node: dict[str, Any]
     level: int
+    ticket: Ticket | None = None
+    kind: str = ""
+    case: uuid.UUID | None = None
+    warned: bool = False
 
 
-def trace_tree(trace_id: str) -> tuple[dict[str, Any], list[TraceRow]]:
+def trace_tree(trace_id: str, *, user) -> tuple[dict[str, Any], list[TraceRow]]:
     """The trace's lineage as a pre-order list of rows with their nesting
-    level (parents before children, siblings oldest first). A trace holds at
+    level (parents before children, siblings oldest first): only the tickets
+    the user may see, and 404 when that is none of them. A trace holds at
     most ``TRACE_HARD_LIMIT`` tickets, so reading it whole is bounded."""
-    anchor = Ticket.objects.filter(trace_id=trace_id).order_by("id").first()
+    anchor = visible_tickets(user).filter(trace_id=trace_id).order_by("id").first()
     if anchor is None:
         raise Http404(f"trace {trace_id} not found")
-    tree = ticket_selectors.lineage(anchor)
+    tree = ticket_selectors.lineage(anchor, user=user)
     nodes = tree["nodes"]
     ids = {n["id"] for n in nodes}
     children: dict[str | None, list[dict[str, Any]]] = {}
@@ -209,16 +352,74 @@ def trace_tree(trace_id: str) -> tuple[dict[str, Any], list[TraceRow]]:
         node, level = stack.pop()
         rows.append(TraceRow(node=node, level=level))
         stack.extend((c, level + 1) for c in reversed(children.get(node["id"], [])))
+    _add_trace_details(rows, user=user)
     return tree, rows
+
+
+def _add_trace_details(rows: list[TraceRow], *, user) -> None:
+    """Each row's ticket (times, its turn), its kind (root, child, callback,
+    re-run), its open case if the user may see it, and the breaker's warning
+    on the trace. All reads are by ticket id within one trace, which holds at
+    most TRACE_HARD_LIMIT tickets."""
+    from tickets.models import TicketEvent  # noqa: PLC0415
+
+    ids = [uuid.UUID(r.node["id"]) for r in rows]
+    tickets = {
+        t.id: t
+        for t in Ticket.objects.filter(id__in=ids)
+        .select_related("turn")
+        .only(
+            "id",
+            "created_at",
+            "finished_at",
+            "callback_for_id",
+            "rerun_of_id",
+            "parent_id",
+            "state",
+            "turn__started_at",
+            "turn__ended_at",
+            "turn__seq",
+        )
+    }
+    cases = dict(
+        visible_cases(user)
+        .filter(ticket_id__in=ids, state__in=[CaseState.OPEN, CaseState.DECIDED])
+        .values_list("ticket_id", "id")
+    )
+    warned = set(
+        TicketEvent.objects.filter(ticket_id__in=ids, kind="trace_soft_limit").values_list(
+            "ticket_id", flat=True
+        )
+    )
+    for row in rows:
+        ticket = tickets.get(uuid.UUID(row.node["id"]))
+        row.ticket = ticket
+        row.case = cases.get(ticket.id) if ticket else None
+        row.warned = ticket is not None and ticket.id in warned
+        if ticket is None:
+            row.kind = ""
+        elif ticket.callback_for_id:
+            row.kind = "callback"
+        elif ticket.rerun_of_id:
+            row.kind = "re-run"
+        elif ticket.parent_id:
+            row.kind = "child"
+        else:
+            row.kind = "root"
+
+
+def trace_active(rows: list[TraceRow]) -> bool:
+    return any(r.ticket is not None and not r.ticket.is_terminal for r in rows)
 
 
 # --- Endpoints -----------------------------------------------------------------------------------
 
 
-def endpoint_rows() -> list[Endpoint]:
-    """All endpoints with their lock, queued count and open case. Endpoints
-    are configuration (few rows); the queued count reads the partial index
-    of queued tickets, one grouped query for all endpoints."""
+def endpoint_rows(*, user) -> list[Endpoint]:
+    """All endpoints (everyone sees endpoints) with their lock, queued count
+    and open case (when the user may see it). Endpoints are configuration
+    (few rows); the queued count reads the partial index of queued tickets,
+    one grouped query for all endpoints."""
     endpoints = list(Endpoint.objects.select_related("lock").order_by("address"))
     queued = dict(
         Ticket.objects.filter(state=TicketState.QUEUED)
@@ -227,7 +428,7 @@ def endpoint_rows() -> list[Endpoint]:
         .values_list("endpoint_id", "n")
     )
     open_cases = dict(
-        RecoveryCase.objects.filter(state=CaseState.OPEN).values_list("endpoint_id", "id")
+        visible_cases(user).filter(state=CaseState.OPEN).values_list("endpoint_id", "id")
     )
     for endpoint in endpoints:
         endpoint.queued = queued.get(endpoint.id, 0)
@@ -254,17 +455,80 @@ def lock_holder(endpoint: Endpoint) -> Turn | None:
     return lock.holder if lock is not None and lock.holder_id else None
 
 
-def recent_turns(endpoint: Endpoint, *, limit: int = 20) -> list[Turn]:
-    # turn_seq_unique (endpoint, seq) serves this newest-first read.
-    return list(
-        Turn.objects.filter(endpoint_id=endpoint.id)
-        .select_related("ticket")
-        .order_by("-seq")[:limit]
+def recent_turns(endpoint: Endpoint, *, user, limit: int = 20) -> list[Turn]:
+    """The endpoint's newest turns whose tickets the user may see (all of
+    them for its owners and staff). turn_seq_unique (endpoint, seq) serves
+    the newest-first read."""
+    turns = Turn.objects.filter(endpoint_id=endpoint.id)
+    owned = owned_endpoint_ids(user)
+    if owned is not None and endpoint.id not in owned:
+        turns = turns.filter(ticket__in=visible_tickets(user))
+    return list(turns.select_related("ticket").order_by("-seq")[:limit])
+
+
+HOUR_TURN_CAP = 5000
+
+
+def uuid7_floor(moment: datetime) -> uuid.UUID:
+    """The smallest UUIDv7 of ``moment``'s millisecond (tickets.ids.new_id)."""
+    return uuid.UUID(int=int(moment.timestamp() * 1000) << 80)
+
+
+_OUTCOME_TONE = {"completed": "ok", "failed": "bad", "uncertain": "bad", "stopped": "other"}
+
+
+def _pct(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def endpoint_hour(endpoint: Endpoint) -> dict[str, Any]:
+    """The last hour's turns of an endpoint by outcome, and p50/p95 run
+    time of the finished ones, as bars for a server-drawn SVG. Turn ids are
+    UUIDv7 (a turn's id is its start time), so "the last hour" is a primary
+    key range, not a scan of the endpoint's history; capped."""
+    from console.templatetags.consoletags import _span  # noqa: PLC0415
+
+    since = timezone.now() - timedelta(hours=1)
+    turns = list(
+        Turn.objects.filter(endpoint_id=endpoint.id, id__gte=uuid7_floor(since))
+        .order_by("-id")
+        .values_list("state", "started_at", "ended_at")[: HOUR_TURN_CAP + 1]
     )
+    capped = len(turns) > HOUR_TURN_CAP
+    turns = turns[:HOUR_TURN_CAP]
+    by_state: dict[str, int] = {}
+    runs = []
+    for state, started, ended in turns:
+        by_state[state] = by_state.get(state, 0) + 1
+        if ended and started:
+            runs.append((ended - started).total_seconds())
+    runs.sort()
+    biggest = max(by_state.values(), default=1)
+    bars = [
+        {
+            "label": state.replace("_", " "),
+            "count": n,
+            "tone": _OUTCOME_TONE.get(state, "in"),
+            "y": 4 + 20 * i,
+            "width": max(2, round(260 * n / biggest)),
+        }
+        for i, (state, n) in enumerate(sorted(by_state.items()))
+    ]
+    p50, p95 = _pct(runs, 0.5), _pct(runs, 0.95)
+    return {
+        "total": len(turns),
+        "capped": capped,
+        "bars": bars,
+        "height": 8 + 20 * len(bars),
+        "p50": _span(p50) if p50 is not None else "—",
+        "p95": _span(p95) if p95 is not None else "—",
+    }
 
 
-def endpoint_cases(endpoint: Endpoint, *, limit: int = 10) -> list[RecoveryCase]:
-    return list(RecoveryCase.objects.filter(endpoint_id=endpoint.id).order_by("-opened_at")[:limit])
+def endpoint_cases(endpoint: Endpoint, *, user, limit: int = 10) -> list[RecoveryCase]:
+    return list(visible_cases(user).filter(endpoint_id=endpoint.id).order_by("-opened_at")[:limit])
 
 
 # --- Recovery ------------------------------------------------------------------------------------
@@ -280,9 +544,10 @@ class CaseDetail:
     lesson: Lesson | None
 
 
-def get_case(case_id: uuid.UUID) -> RecoveryCase:
+def get_case(case_id: uuid.UUID, *, user) -> RecoveryCase:
+    """A case the user may see (its endpoint's owners, staff); 404 otherwise."""
     case = (
-        RecoveryCase.objects.select_related("endpoint", "ticket", "turn").filter(id=case_id).first()
+        visible_cases(user).select_related("endpoint", "ticket", "turn").filter(id=case_id).first()
     )
     if case is None:
         raise Http404(f"case {case_id} not found")

@@ -1,14 +1,16 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import views
+from . import views, workers
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.dashboard, name="dashboard"),
     path("tickets/", views.ticket_list, name="ticket_list"),
+    path("tickets/bulk/", views.ticket_bulk, name="ticket_bulk"),
     path("tickets/<uuid:ticket_id>/", views.ticket_detail, name="ticket_detail"),
+    path("tickets/<uuid:ticket_id>/cancel/", views.ticket_cancel, name="ticket_cancel"),
     path("tickets/<uuid:ticket_id>/approve/", views.ticket_approve, name="ticket_approve"),
     path("tickets/<uuid:ticket_id>/obligation/", views.ticket_obligation, name="ticket_obligation"),
     # A trace id is any 1 to 64 printable characters, "/" included.
@@ -22,4 +24,10 @@ urlpatterns = [
     path("recovery/<uuid:case_id>/lesson/", views.case_lesson, name="case_lesson"),
     path("lessons/", views.lesson_list, name="lesson_list"),
     path("obligations/", views.obligation_list, name="obligation_list"),
+    path("workers/", workers.worker_list, name="worker_list"),
+    path(
+        "recovery/<uuid:case_id>/stop-process/",
+        workers.case_stop_process,
+        name="case_stop_process",
+    ),
 ]

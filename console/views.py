@@ -11,9 +11,10 @@ the view renders alone (``page.html#region``) when htmx asks for it.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import wraps
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required as django_login_required
 from django.contrib.auth.views import redirect_to_login
@@ -26,13 +27,13 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from config.errors import DomainError, NotFound
-from endpoints.api import endpoint_payload
-from endpoints.selectors import is_owner, resolve_endpoint
+from config.errors import DomainError, Invalid, NotFound
+from endpoints.selectors import endpoint_payload, is_owner, resolve_endpoint
+from health.checks import readiness
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery_services
 from recovery.models import CaseState
-from tickets import delivery, obligations
+from tickets import delivery, lifecycle, obligations
 from tickets import selectors as ticket_selectors
 from tickets.models import DeliveryState, ObligationState, TicketState
 
@@ -40,6 +41,7 @@ from . import selectors
 from .forms import DecisionForm, LessonForm
 
 TICKETS_PAGE = 50
+CANCELLABLE = {TicketState.QUEUED, TicketState.WAITING, TicketState.RUNNING}
 
 # A submission the service refused (or the form rejected) is answered 422 with
 # the reason in the form's region; htmx is configured in base.html to swap 422.
@@ -76,7 +78,11 @@ def page(
     flash messages ride along as an out-of-band swap so they show at once."""
     if region and request.htmx and not request.htmx.history_restore_request:
         response = render(request, f"{template}#{region}", context, status=status)
-        response.write(render_to_string("console/_messages.html", {"oob": True}, request=request))
+        # Only when there is something to say: a live poll must not wipe the
+        # notice an action just put up.
+        if len(messages.get_messages(request)):
+            notices = render_to_string("console/_messages.html", {"oob": True}, request=request)
+            response.write(notices)
     else:
         response = render(request, template, context, status=status)
     # The same URL answers with a region or a page: caches must keep both.
@@ -89,7 +95,8 @@ def page(
 
 @login_required
 def dashboard(request):
-    counts = selectors.ticket_state_counts()
+    counts = selectors.ticket_state_counts(user=request.user)
+    awaiting, awaiting_more = ticket_selectors.awaiting_approval(user=request.user)
     return page(
         request,
         "console/dashboard.html",
@@ -97,9 +104,15 @@ def dashboard(request):
             "section": "dashboard",
             "counts": counts,
             "count_cap": selectors.STATE_COUNT_CAP,
-            "quarantined": selectors.quarantined_endpoints(),
-            "overdue": selectors.overdue_obligations(),
-            "recent": selectors.recent_tickets(),
+            "quarantined": selectors.quarantined_endpoints(user=request.user),
+            "overdue": selectors.overdue_obligations(user=request.user),
+            "recent": selectors.recent_tickets(user=request.user),
+            "hour": selectors.last_hour(user=request.user),
+            "awaiting": awaiting,
+            "awaiting_more": awaiting_more,
+            "capacity": selectors.capacity_flags(),
+            # Database, broker and sweepers, as /readyz sees them.
+            "readiness": readiness(probe_database=False),
         },
         region="live",
     )
@@ -108,21 +121,50 @@ def dashboard(request):
 # --- Tickets -----------------------------------------------------------------------------------
 
 
+DELIVERY_FILTERS = [
+    (DeliveryState.AWAITING_APPROVAL, "awaiting approval"),
+    (DeliveryState.PENDING, "pending"),
+    (DeliveryState.ATTEMPTED, "attempted"),
+    (DeliveryState.FAILED, "failed"),
+    (DeliveryState.DELIVERED, "delivered"),
+]
+
+
+def _utc_param(raw: str, name: str) -> datetime | None:
+    """A time filter typed as UTC (``YYYY-MM-DD HH:MM[:SS]``, a ``T`` or a
+    trailing ``Z`` accepted); a naive value is UTC, never local time."""
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise Invalid(
+            f"{name}: {raw!r} is not a date and time (UTC, like 2026-11-30 14:05)"
+        ) from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
 @login_required
 def ticket_list(request):
     filters = {
-        "endpoint": request.GET.get("endpoint", "").strip(),
-        "state": request.GET.get("state", "").strip(),
-        "trace_id": request.GET.get("trace_id", "").strip(),
+        key: request.GET.get(key, "").strip()
+        for key in ("q", "endpoint", "state", "delivery", "since", "until", "trace_id")
     }
+    # The trace filter of earlier links is the search box now.
+    if filters["trace_id"] and not filters["q"]:
+        filters["q"] = filters["trace_id"]
     cursor = request.GET.get("cursor", "").strip() or None
     rows, next_cursor, error = [], None, None
     try:
         endpoint_id = resolve_endpoint(filters["endpoint"]).id if filters["endpoint"] else None
-        rows, next_cursor = ticket_selectors.list_tickets(
+        rows, next_cursor = ticket_selectors.find_tickets(
+            user=request.user,
+            q=filters["q"],
             endpoint_id=endpoint_id,
             state=filters["state"] or None,
-            trace_id=filters["trace_id"] or None,
+            delivery_state=filters["delivery"] or None,
+            since=_utc_param(filters["since"], "since"),
+            until=_utc_param(filters["until"], "until"),
             limit=TICKETS_PAGE,
             cursor=cursor,
         )
@@ -139,11 +181,73 @@ def ticket_list(request):
             "next_cursor": next_cursor,
             "error": error,
             "states": TicketState.values,
+            "deliveries": DELIVERY_FILTERS,
             "endpoints": selectors.endpoint_choices(),
+            "selectable": True,
         },
         region="table",
         status=400 if error else 200,
     )
+
+
+BULK_ACTIONS = {"approve", "cancel"}
+BULK_MAX = TICKETS_PAGE
+
+
+@login_required
+@require_POST
+def ticket_bulk(request):
+    """Bulk approve or cancel of the selected tickets, with a required
+    reason. One service call per ticket, each its own transaction, with the
+    same rules as the API: a ticket the user may not see counts as not found,
+    approving needs an owner; a refusal for one ticket does not stop the rest,
+    and the page says what happened to each."""
+    action = request.POST.get("action", "")
+    reason = request.POST.get("reason", "").strip()
+    raw_ids = request.POST.getlist("ticket")
+    back = request.POST.get("next", "")
+    if not back.startswith("/tickets/"):
+        back = reverse("ticket_list")
+    problems = []
+    if action not in BULK_ACTIONS:
+        problems.append("Choose approve or cancel.")
+    if not reason:
+        problems.append("A reason is required: it is recorded on every ticket's timeline.")
+    if not raw_ids:
+        problems.append("Select at least one ticket.")
+    if len(raw_ids) > BULK_MAX:
+        problems.append(f"Select at most {BULK_MAX} tickets at once.")
+    if len(reason) > 2000:
+        problems.append("The reason is at most 2000 characters.")
+    if problems:
+        for problem in problems:
+            messages.error(request, problem)
+        return redirect(back)
+    done, refused = 0, []
+    for raw in raw_ids:
+        try:
+            ticket_id = uuid.UUID(raw)
+            ticket = ticket_selectors.get_visible_ticket(ticket_id, user=request.user)
+        except (ValueError, NotFound):
+            refused.append(f"…{raw[-8:]}: not found")
+            continue
+        try:
+            if action == "approve":
+                delivery.approve_ticket(ticket_id=ticket.id, user=request.user, reason=reason)
+            else:
+                lifecycle.cancel_ticket(
+                    ticket_id=ticket.id, actor=f"user:{request.user.username}", reason=reason
+                )
+        except DomainError as exc:
+            refused.append(f"…{str(ticket.id)[-8:]}: {exc.detail}")
+        else:
+            done += 1
+    verb = "approved" if action == "approve" else "cancelled (or asked to stop)"
+    if done:
+        messages.success(request, f"{done} ticket{'s' if done != 1 else ''} {verb}.")
+    for line in refused:
+        messages.error(request, f"Refused {line}")
+    return redirect(back)
 
 
 def _ticket_context(
@@ -152,9 +256,10 @@ def _ticket_context(
     *,
     approve_error: str | None = None,
     obligation_error: str | None = None,
+    cancel_error: str | None = None,
 ) -> dict:
     try:
-        detail = selectors.ticket_detail(ticket_id)
+        detail = selectors.ticket_detail(ticket_id, user=request.user)
     except NotFound:
         raise Http404("ticket not found") from None
     ticket = detail.ticket
@@ -165,10 +270,30 @@ def _ticket_context(
         "can_approve": ticket.delivery_state == DeliveryState.AWAITING_APPROVAL
         and is_owner(request.user, ticket.endpoint),
         "approve_error": approve_error,
+        "requester_lacks": selectors.requester_lacks(ticket)
+        if ticket.obligation_state == ObligationState.OPEN
+        else None,
+        "awaiting_pickup": selectors.awaiting_pickup(ticket),
         "can_manage_obligation": ticket.obligation_state == ObligationState.OPEN
         and is_owner(request.user, ticket.endpoint),
         "obligation_error": obligation_error,
+        # Whoever sees a ticket may cancel it (API.md), while it can be.
+        "can_cancel": ticket.state in CANCELLABLE and not ticket.cancel_requested_at,
+        "open_case": recovery_selectors.visible_cases(request.user)
+        .filter(ticket_id=ticket.id, state__in=[CaseState.OPEN, CaseState.DECIDED])
+        .order_by("-opened_at")
+        .first(),
+        "cancel_error": cancel_error,
     }
+
+
+def _visible_ticket(request, ticket_id):
+    """404 for a ticket the user may not see, exactly as for an unknown one,
+    before any check of what they want to do with it."""
+    try:
+        return ticket_selectors.get_visible_ticket(ticket_id, user=request.user)
+    except NotFound:
+        raise Http404("ticket not found") from None
 
 
 @login_required
@@ -180,10 +305,7 @@ def ticket_detail(request, ticket_id):
 @login_required
 @require_POST
 def ticket_approve(request, ticket_id):
-    try:
-        ticket = ticket_selectors.get_ticket(ticket_id)
-    except NotFound:
-        raise Http404("ticket not found") from None
+    ticket = _visible_ticket(request, ticket_id)
     if not is_owner(request.user, ticket.endpoint):
         raise PermissionDenied("only the endpoint's owners may approve its results")
     try:
@@ -200,19 +322,40 @@ def ticket_approve(request, ticket_id):
 
 @login_required
 @require_POST
+def ticket_cancel(request, ticket_id):
+    """Cancel as the API does (submitter, owners, staff: whoever may see the
+    ticket), with the reason the form asks for kept on the timeline."""
+    ticket = _visible_ticket(request, ticket_id)
+    reason = request.POST.get("reason", "").strip()
+    if not reason:
+        context = _ticket_context(request, ticket.id, cancel_error="A reason is required.")
+        return page(request, "console/ticket_detail.html", context, region="ticket", status=REFUSED)
+    try:
+        lifecycle.cancel_ticket(
+            ticket_id=ticket.id, actor=f"user:{request.user.username}", reason=reason[:2000]
+        )
+    except DomainError as exc:
+        context = _ticket_context(request, ticket.id, cancel_error=exc.detail)
+        return page(request, "console/ticket_detail.html", context, region="ticket", status=REFUSED)
+    messages.success(request, "Cancel recorded.")
+    if request.htmx:
+        context = _ticket_context(request, ticket.id)
+        return page(request, "console/ticket_detail.html", context, region="ticket")
+    return redirect("ticket_detail", ticket_id=ticket.id)
+
+
+@login_required
+@require_POST
 def ticket_obligation(request, ticket_id):
     """Owners set the next-update time and posture note, or close the
     obligation, through tickets.obligations (which checks again)."""
-    try:
-        ticket = ticket_selectors.get_ticket(ticket_id)
-    except NotFound:
-        raise Http404("ticket not found") from None
+    ticket = _visible_ticket(request, ticket_id)
     if not is_owner(request.user, ticket.endpoint):
         raise PermissionDenied("only the endpoint's owners may manage its obligations")
     note = request.POST.get("note", "").strip() or None
     raw_due = request.POST.get("next_update_at", "").strip()
     try:
-        due = datetime.fromisoformat(raw_due) if raw_due else None
+        due = _utc_param(raw_due, "next update") if raw_due else None
         if request.POST.get("action") == "close":
             obligations.close_obligation(ticket_id=ticket.id, user=request.user, note=note or "")
             done = "Obligation closed."
@@ -221,8 +364,6 @@ def ticket_obligation(request, ticket_id):
                 ticket_id=ticket.id, user=request.user, next_update_at=due, note=note
             )
             done = "Obligation updated."
-    except ValueError:
-        error = f"{raw_due!r} is not a date and time (UTC)"
     except DomainError as exc:
         error = exc.detail
     else:
@@ -240,11 +381,20 @@ def ticket_obligation(request, ticket_id):
 
 @login_required
 def trace_detail(request, trace_id):
-    tree, rows = selectors.trace_tree(trace_id)
+    tree, rows = selectors.trace_tree(trace_id, user=request.user)
     return page(
         request,
         "console/trace_detail.html",
-        {"section": "tickets", "trace_id": trace_id, "tree": tree, "rows": rows},
+        {
+            "section": "tickets",
+            "trace_id": trace_id,
+            "tree": tree,
+            "rows": rows,
+            "active": selectors.trace_active(rows),
+            "warned": any(r.warned for r in rows),
+            "trace_soft_limit": settings.TRACE_SOFT_LIMIT,
+            "trace_hard_limit": settings.TRACE_HARD_LIMIT,
+        },
         region="tree",
     )
 
@@ -257,7 +407,7 @@ def endpoint_list(request):
     return page(
         request,
         "console/endpoint_list.html",
-        {"section": "endpoints", "endpoints": selectors.endpoint_rows()},
+        {"section": "endpoints", "endpoints": selectors.endpoint_rows(user=request.user)},
         region="table",
     )
 
@@ -267,6 +417,7 @@ def endpoint_detail(request, address):
     endpoint = selectors.get_endpoint(address)
     if endpoint.address != address:  # an alias: show the canonical page
         return redirect("endpoint_detail", address=endpoint.address)
+    holder = selectors.lock_holder(endpoint)
     return page(
         request,
         "console/endpoint_detail.html",
@@ -274,9 +425,13 @@ def endpoint_detail(request, address):
             "section": "endpoints",
             "endpoint": endpoint,
             "e": endpoint_payload(endpoint),
-            "holder": selectors.lock_holder(endpoint),
-            "turns": selectors.recent_turns(endpoint),
-            "cases": selectors.endpoint_cases(endpoint),
+            "can_see_cases": is_owner(request.user, endpoint),
+            "holder": holder,
+            "holder_visible": holder is not None
+            and ticket_selectors.visible_tickets(request.user).filter(id=holder.ticket_id).exists(),
+            "turns": selectors.recent_turns(endpoint, user=request.user),
+            "hour": selectors.endpoint_hour(endpoint),
+            "cases": selectors.endpoint_cases(endpoint, user=request.user),
         },
         region="live",
     )
@@ -290,7 +445,11 @@ def case_list(request):
     state = request.GET.get("state", "").strip()
     error, cases = None, []
     try:
-        cases = recovery_selectors.list_cases(state=state or None, limit=selectors.LIST_CAP)
+        cases = recovery_selectors.list_cases(
+            cases=recovery_selectors.visible_cases(request.user),
+            state=state or None,
+            limit=selectors.LIST_CAP,
+        )
     except DomainError as exc:
         error = exc.detail
     return page(
@@ -334,16 +493,17 @@ def _case_context(
 
 
 def _case_for_owner(request, case_id):
-    """The case, if the user is one of its endpoint's accountable owners."""
-    case = selectors.get_case(case_id)
-    if not is_owner(request.user, case.endpoint):
+    """The case, if the user is one of its endpoint's accountable owners (or
+    staff): the only people who see it, so anyone else gets 404."""
+    case = selectors.get_case(case_id, user=request.user)
+    if not is_owner(request.user, case.endpoint):  # defence in depth: visible means owner
         raise PermissionDenied("only the endpoint's owners may act on its recovery case")
     return case
 
 
 def _casework(request, case, *, status: int = 200, **forms) -> HttpResponse:
     # Reread: the service has just changed the case (state, decided_at, ...).
-    case = selectors.get_case(case.id)
+    case = selectors.get_case(case.id, user=request.user)
     context = _case_context(request, case, **forms)
     return page(request, "console/case_detail.html", context, region="casework", status=status)
 
@@ -356,7 +516,7 @@ def _after_action(request, case) -> HttpResponse:
 
 @login_required
 def case_detail(request, case_id):
-    case = selectors.get_case(case_id)
+    case = selectors.get_case(case_id, user=request.user)
     return page(
         request, "console/case_detail.html", _case_context(request, case), region="casework"
     )
@@ -422,7 +582,7 @@ def lesson_list(request):
         "console/lesson_list.html",
         {
             "section": "lessons",
-            "lessons": recovery_selectors.list_lessons(limit=selectors.LIST_CAP),
+            "lessons": recovery_selectors.list_lessons(user=request.user, limit=selectors.LIST_CAP),
             "cap": selectors.LIST_CAP,
         },
     )
@@ -436,7 +596,7 @@ def obligation_list(request):
     cursor = request.GET.get("cursor", "").strip() or None
     rows, next_cursor, error = [], None, None
     try:
-        rows, next_cursor = selectors.open_obligations(cursor=cursor)
+        rows, next_cursor = selectors.open_obligations(user=request.user, cursor=cursor)
     except DomainError as exc:
         error = exc.detail
     return page(

@@ -6,29 +6,40 @@ import uuid
 from typing import Any, Literal
 
 from django.http import HttpRequest
-from ninja import Field, Router, Schema, Status
-from pydantic import ConfigDict
+from ninja import Field, Router, Status
+from ninja.security import HttpBearer
 
+from config import limits
 from config.errors import Forbidden, NotFound
-from tickets.selectors import iso
+from config.schemas import StrictTyped
+from tickets.selectors import iso, visible_tickets
 
-from . import runtime, services
-from .models import Endpoint, EndpointLock, Turn
-from .selectors import open_case_id, resolve_endpoint
+from . import runners, runtime, services
+from .models import Endpoint, Turn
+from .schemas import EndpointOut, HeartbeatOut, TurnOut, WorkersOut
+from .selectors import endpoint_payload, resolve_endpoint, turn_for_token, workers_overview
 
 router = Router(tags=["endpoints"])
 turns_router = Router(tags=["turns"])
 
 
-class Strict(Schema):
-    model_config = ConfigDict(extra="forbid")
+# Strict types: a number or flag sent as a string ("5", "true") is 422, not coerced.
+Strict = StrictTyped
+
+
+class SubmittersIn(Strict):
+    """Who may submit tickets besides the owners and staff; null: anyone."""
+
+    users: list[str] = Field(default_factory=list)
+    groups: list[str] = Field(default_factory=list)
 
 
 class EndpointIn(Strict):
-    address: str = Field(min_length=1, max_length=200)
+    address: str = Field(min_length=1, max_length=limits.ADDRESS_CHARS)
     runner: dict[str, Any]
     owners: list[str] = Field(default_factory=list)
     aliases: list[str] = Field(default_factory=list)
+    submitters: SubmittersIn | None = None
     turn_budget_s: float | None = None
     interrupt_grace_s: float | None = None
     heartbeat_timeout_s: float | None = None
@@ -40,6 +51,8 @@ class EndpointPatch(Strict):
     runner: dict[str, Any] | None = None
     owners: list[str] | None = None
     aliases: list[str] | None = None
+    # Explicit null: anyone may submit again.
+    submitters: SubmittersIn | None = None
     turn_budget_s: float | None = None
     interrupt_grace_s: float | None = None
     heartbeat_timeout_s: float | None = None
@@ -47,79 +60,84 @@ class EndpointPatch(Strict):
     busy_policy: Literal["enqueue", "reject"] | None = None
 
 
-def endpoint_payload(endpoint: Endpoint) -> dict[str, Any]:
-    from tickets.models import Ticket, TicketState
-
-    lock = EndpointLock.objects.filter(endpoint=endpoint).first()
-    case = open_case_id(endpoint.id)
-    return {
-        "address": endpoint.address,
-        "aliases": list(endpoint.aliases.values_list("alias", flat=True)),
-        "runner": endpoint.runner,
-        "owners": (
-            sorted(endpoint.owners.user_set.values_list("username", flat=True))
-            if endpoint.owners_id
-            else []
-        ),
-        "state": endpoint.state,
-        "lock": {
-            "holder_turn": str(lock.holder_id) if lock and lock.holder_id else None,
-            "token": lock.token if lock else None,
-            "acquired_at": iso(lock.acquired_at) if lock else None,
-        },
-        "queued": Ticket.objects.filter(endpoint=endpoint, state=TicketState.QUEUED).count(),
-        "turn_seq": endpoint.turn_seq,
-        "turn_budget_s": endpoint.turn_budget_s,
-        "interrupt_grace_s": endpoint.interrupt_grace_s,
-        "heartbeat_timeout_s": endpoint.heartbeat_timeout_s,
-        "requires_approval": endpoint.requires_approval,
-        "busy_policy": endpoint.busy_policy,
-        "open_case": str(case) if case else None,
-    }
-
-
 def require_staff(request: HttpRequest) -> None:
     if not request.user.is_staff:
         raise Forbidden("only staff may manage endpoints")
 
 
-@router.post("", response={201: dict})
+@router.post("", response={201: EndpointOut})
 def create_endpoint(request: HttpRequest, payload: EndpointIn):
     require_staff(request)
     fields = payload.model_dump(exclude_none=True)
-    endpoint = services.create_endpoint(**fields)
+    endpoint = services.create_endpoint(**fields, actor=f"user:{request.user.username}")
     return Status(201, endpoint_payload(endpoint))
 
 
-@router.get("", response=list[dict])
+@router.get("", response=list[EndpointOut])
 def list_endpoints(request: HttpRequest):
     return [endpoint_payload(e) for e in Endpoint.objects.order_by("address")]
 
 
-@router.get("/{address}", response=dict)
+@router.get("/{address}", response=EndpointOut)
 def get_endpoint(request: HttpRequest, address: str):
     return endpoint_payload(resolve_endpoint(address))
 
 
-@router.patch("/{address}", response=dict)
+@router.patch("/{address}", response=EndpointOut)
 def patch_endpoint(request: HttpRequest, address: str, payload: EndpointPatch):
     require_staff(request)
     changes = payload.model_dump(exclude_unset=True)
-    endpoint = services.update_endpoint(address=address, changes=changes)
+    endpoint = services.update_endpoint(
+        address=address, changes=changes, actor=f"user:{request.user.username}"
+    )
     return endpoint_payload(endpoint)
 
 
 # --- Turns ----------------------------------------------------------------------
+#
+# Runners and agents answer with the credential issued to their exact turn
+# (``turn.token`` in the envelope, ``Authorization: Bearer <token>``), never
+# with a user's key: an owner's or staff key cannot forge a turn's result.
 
 
-def get_turn(turn_id: str) -> Turn:
-    try:
-        turn = Turn.objects.filter(id=uuid.UUID(turn_id)).first()
-    except ValueError:
-        turn = None
-    if turn is None:
-        raise NotFound(f"turn {turn_id} not found")
-    return turn
+class TurnTokenAuth(HttpBearer):
+    """The bearer must be the token of the turn the path names (its SHA-256
+    compared in constant time with the turn's). ``required``: anything else
+    is 403 (a user's key, another turn's token); otherwise it falls through
+    to the next authenticator."""
+
+    def __init__(self, *, required: bool) -> None:
+        super().__init__()
+        self.required = required
+
+    def authenticate(self, request: HttpRequest, token: str):
+        if not token:
+            return None  # no credential at all: 401, as without the header
+        match = request.resolver_match
+        turn = turn_for_token(match.kwargs.get("turn_id") if match else None, token)
+        if turn is None:
+            if self.required:
+                raise Forbidden(
+                    "this route takes the credential issued to this turn (turn.token in its "
+                    "envelope), not an API key"
+                )
+            return None
+        request.turn_token = token  # to keep it out of what the agent posts
+        return turn
+
+
+class ApiKeyFallback(HttpBearer):
+    """The API's own key authentication, looked up when called: config.api
+    imports this module while it builds the API."""
+
+    def authenticate(self, request: HttpRequest, token: str):
+        from config.api import ApiKeyAuth
+
+        return ApiKeyAuth().authenticate(request, token)
+
+
+TURN_ONLY = TurnTokenAuth(required=True)
+TURN_OR_KEY = [TurnTokenAuth(required=False), ApiKeyFallback()]
 
 
 def turn_payload(turn: Turn) -> dict[str, Any]:
@@ -154,39 +172,66 @@ class StoppedIn(Strict):
     detail: Any = None
 
 
-@turns_router.get("/{turn_id}", response=dict)
+@turns_router.get("/{turn_id}", response=TurnOut, auth=TURN_OR_KEY)
 def read_turn(request: HttpRequest, turn_id: str):
-    return turn_payload(get_turn(turn_id))
+    """With the turn's own token, or a key that may see the turn's ticket
+    (submitter, owners, staff); anyone else gets 404, as for an unknown id."""
+    if isinstance(request.auth, Turn):
+        return turn_payload(request.auth)
+    try:
+        turn = Turn.objects.select_related("endpoint").filter(id=uuid.UUID(turn_id)).first()
+    except ValueError:
+        turn = None
+    if turn is None or not visible_tickets(request.auth).filter(id=turn.ticket_id).exists():
+        raise NotFound(f"turn {turn_id} not found")
+    return turn_payload(turn)
 
 
-@turns_router.post("/{turn_id}/heartbeat", response=dict)
+def _reread(turn: Turn) -> dict[str, Any]:
+    return turn_payload(Turn.objects.select_related("endpoint").get(id=turn.id))
+
+
+@turns_router.post("/{turn_id}/heartbeat", response=HeartbeatOut, auth=TURN_ONLY)
 def heartbeat(request: HttpRequest, turn_id: str, payload: SeqIn):
-    turn = get_turn(turn_id)
+    turn: Turn = request.auth
     state = runtime.heartbeat(turn_id=turn.id, seq=payload.seq, source="api", strict=True)
-    return {**turn_payload(Turn.objects.get(id=turn.id)), "interrupt_requested": state.interrupted}
+    return {**_reread(turn), "interrupt_requested": state.interrupted}
 
 
-@turns_router.post("/{turn_id}/result", response=dict)
+@turns_router.post("/{turn_id}/result", response=TurnOut, auth=TURN_ONLY)
 def post_result(request: HttpRequest, turn_id: str, payload: ResultIn):
-    turn = get_turn(turn_id)
+    turn: Turn = request.auth
     if payload.error is not None:
         outcome = runtime.Outcome.failure(payload.error)
     else:
         outcome = runtime.Outcome.success(payload.result, artifacts=payload.artifacts or [])
+    outcome = runners.redact_token(outcome, request.turn_token)
     runtime.finish_turn(
         turn_id=turn.id, seq=payload.seq, outcome=outcome, source="api", strict=True
     )
-    return turn_payload(Turn.objects.get(id=turn.id))
+    return _reread(turn)
 
 
-@turns_router.post("/{turn_id}/stopped", response=dict)
+@turns_router.post("/{turn_id}/stopped", response=TurnOut, auth=TURN_ONLY)
 def post_stopped(request: HttpRequest, turn_id: str, payload: StoppedIn):
-    turn = get_turn(turn_id)
+    turn: Turn = request.auth
+    outcome = runtime.Outcome.stopped("agent_stop_receipt", {"detail": payload.detail})
     runtime.finish_turn(
         turn_id=turn.id,
         seq=payload.seq,
-        outcome=runtime.Outcome.stopped("agent_stop_receipt", {"detail": payload.detail}),
+        outcome=runners.redact_token(outcome, request.turn_token),
         source="api",
         strict=True,
     )
-    return turn_payload(Turn.objects.get(id=turn.id))
+    return _reread(turn)
+
+
+# GET /workers: the worker registry (staff only; it names hosts and pids).
+workers_router = Router(tags=["workers"])
+
+
+@workers_router.get("", response=WorkersOut)
+def list_workers(request: HttpRequest):
+    if not request.user.is_staff:
+        raise Forbidden("only staff may see the workers")
+    return workers_overview()

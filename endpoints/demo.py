@@ -35,14 +35,30 @@ def stuck(ctx: TurnContext) -> dict[str, Any]:
     return {"slept_s": seconds}
 
 
+def stubborn(ctx: TurnContext) -> dict[str, Any]:
+    """Sleeps ``input.seconds`` and ignores interrupts, and SIGTERM too
+    (``input.ignore_sigterm``, default true): run process-isolated, the
+    escalation stops it with SIGKILL and the exit status is the evidence."""
+    import signal
+
+    seconds = _seconds(ctx, 600.0)
+    if ctx.input.get("ignore_sigterm", True):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(seconds)
+    return {"slept_s": seconds}
+
+
 def fail(ctx: TurnContext) -> dict[str, Any]:
     raise RuntimeError(ctx.input.get("message", "demo.fail always fails"))
 
 
 def research(ctx: TurnContext) -> Wait | Resume:
-    """A root ticket dispatches ``input.children`` echo children and waits;
-    each callback's turn checks the children and completes the parent with
-    their results once all are done (the last callback does it)."""
+    """A root ticket dispatches ``input.children`` children (to
+    ``input.child_endpoint``, default ``demo.echo``, each with
+    ``input.child_input`` merged into its input) and waits; each callback's
+    turn checks the children and completes the parent with their results once
+    all are done (the last callback does it). A child that was re-run shows
+    its re-run's state and result (``children_of``)."""
     callback = ctx.input.get("callback")
     if callback is None:
         try:
@@ -52,9 +68,13 @@ def research(ctx: TurnContext) -> Wait | Resume:
         if not 0 < n <= 50:
             raise ValueError("input.children must be between 1 and 50")
         topic = ctx.input.get("topic", "demo")
+        target = ctx.input.get("child_endpoint", "demo.echo")
+        extra = ctx.input.get("child_input") or {}
+        if not isinstance(target, str) or not isinstance(extra, dict):
+            raise ValueError("input.child_endpoint must be a string, input.child_input an object")
         return Wait(
             children=[
-                Child(endpoint="demo.echo", input={"topic": topic, "part": i}) for i in range(n)
+                Child(endpoint=target, input={**extra, "topic": topic, "part": i}) for i in range(n)
             ],
             continuation={"ticket": str(ctx.ticket_id), "step": "gather"},
         )

@@ -1,15 +1,17 @@
 """Endpoints (agent contexts), their exclusive lock, turns and history.
 
-Writes live in ``endpoints/runtime.py`` (turns, lock, quarantine) and
+Writes live in the ``endpoints/runtime/`` package (turns, lock, quarantine) and
 ``endpoints/services.py`` (endpoint configuration). Nothing else sets a state
 field.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from config import limits
 from tickets.ids import new_id
 
 
@@ -31,7 +33,7 @@ class RunnerKind(models.TextChoices):
 
 
 class Endpoint(models.Model):
-    address = models.SlugField(max_length=200, unique=True, allow_unicode=False)
+    address = models.SlugField(max_length=limits.ADDRESS_CHARS, unique=True, allow_unicode=False)
     owners = models.ForeignKey(
         "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -48,6 +50,14 @@ class Endpoint(models.Model):
     )
     # Monotonic counter: each turn takes ++turn_seq as its fencing token.
     turn_seq = models.BigIntegerField(default=0)
+    # Who may submit tickets. Unrestricted (any key) unless this flag is set;
+    # then only the listed users, members of the listed groups, the owners and
+    # staff. Admission's one-statement fast path reads only the flag, so an
+    # unrestricted endpoint pays no extra query; a restricted one takes the
+    # general path, which checks the lists (endpoints.selectors.may_submit).
+    submit_restricted = models.BooleanField(default=False, db_default=False)
+    submitter_users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="+")
+    submitter_groups = models.ManyToManyField("auth.Group", blank=True, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -72,10 +82,30 @@ class Endpoint(models.Model):
         return self.address
 
 
+class EndpointEvent(models.Model):
+    """Append-only (a trigger refuses UPDATE and DELETE): every change of who
+    or what runs for an endpoint, and who may ask it: created, runner, owners,
+    submitters (and budgets and policies). ``endpoints/services.py`` writes
+    it in the same transaction as the change."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.DO_NOTHING, related_name="events")
+    kind = models.CharField(max_length=64)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["endpoint", "id"], name="endpoint_event_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on {self.endpoint_id}"
+
+
 class EndpointAlias(models.Model):
     """An old address that resolves to an endpoint (compatibility routes)."""
 
-    alias = models.SlugField(max_length=200, unique=True)
+    alias = models.SlugField(max_length=limits.ADDRESS_CHARS, unique=True)
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="aliases")
 
     class Meta:
@@ -145,6 +175,10 @@ class Turn(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     # What proves it ended: {kind, observed_at, detail}.
     stop_evidence = models.JSONField(null=True, blank=True)
+    # SHA-256 of the credential handed to this turn's runner in its envelope:
+    # the only credential the turn API accepts for this turn. The token itself
+    # is never stored; empty (turns from before tokens) matches nothing.
+    token_sha256 = models.CharField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["endpoint_id", "seq"]
@@ -186,3 +220,40 @@ class ContextEntry(models.Model):
 
     def __str__(self) -> str:
         return f"context {self.endpoint_id} #{self.seq}"
+
+
+class Worker(models.Model):
+    """A Celery worker that runs turns, registered and heartbeated by itself
+    (``endpoints.registry``). A worker whose ``last_seen_at`` is older than
+    ``WORKER_LOST_AFTER_S`` is shown as lost."""
+
+    name = models.CharField(max_length=255, unique=True)  # the Celery node name
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    pool_size = models.IntegerField(default=0)
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class WorkerSlot(models.Model):
+    """One pool process of a worker, and the turn it runs (null: idle)."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="slots")
+    pid = models.IntegerField()
+    turn = models.ForeignKey(
+        Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    since = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["worker", "pid"], name="worker_slot_unique_pid")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}:{self.pid}"

@@ -10,6 +10,7 @@ agent posted a stop receipt).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -24,6 +25,9 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+
+from config import outbound, tracing
+from config.errors import Invalid
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ class Resume:
 
 @dataclass
 class Outcome:
-    kind: str  # success | failure | wait | stopped | deferred
+    kind: str  # success | failure | wait | stopped | deferred | unproven
     result: Any = None
     error: Any = None
     artifacts: list[dict[str, Any]] = field(default_factory=list)
@@ -85,6 +89,13 @@ class Outcome:
         return cls("stopped", evidence={"kind": kind, "detail": detail or {}})
 
     @classmethod
+    def unproven(cls, detail: dict[str, Any]) -> Outcome:
+        """The runner could not prove the turn stopped (an isolated process
+        that survived SIGKILL, a worker shutting down with an inline turn
+        still running): nothing is finished, the budget sweep quarantines."""
+        return cls("unproven", evidence={"kind": "none", "detail": detail})
+
+    @classmethod
     def deferred(cls) -> Outcome:
         """An http agent accepted the turn and will answer through the API."""
         return cls("deferred")
@@ -104,13 +115,25 @@ class TurnContext:
     seq: int
     endpoint: str
     input: dict[str, Any]
-    history: list[dict[str, Any]]
     deadline: datetime
     runner: dict[str, Any]
     interrupt_grace_s: float
     _interrupt: threading.Event
     _heartbeat: Callable[[], bool]
     _children_of: Callable[[str], list[dict[str, Any]]]
+    # The credential of this turn for the turn API (/api/v1/turns/{id}/...):
+    # in the envelope, never in a repr, a log line or the ledger.
+    token: str = field(default="", repr=False)
+    # The endpoint's recent context entries, read when the runner first asks
+    # (``history``): a turn that never looks costs no query for them.
+    _history_rows: list[dict[str, Any]] | None = field(default=None, repr=False)
+    _load_history: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        if self._history_rows is None:
+            self._history_rows = self._load_history() if self._load_history else []
+        return self._history_rows
 
     def heartbeat(self) -> bool:
         """Record liveness now; returns whether an interrupt was requested."""
@@ -133,25 +156,110 @@ class TurnContext:
                 "id": str(self.turn_id),
                 "seq": self.seq,
                 "deadline_at": self.deadline.isoformat(),
+                # For the turn API: ``Authorization: Bearer <token>``.
+                "token": self.token,
             },
             "ticket": {"id": str(self.ticket_id), "input": self.input},
             "endpoint": self.endpoint,
             "history": self.history,
+            "trace": tracing.envelope_trace(),  # {trace_id, traceparent} of the ticket's trace
         }
+
+
+# --- The operator's allow-list -----------------------------------------------------------
+
+
+def _inside(path: str, prefix: str) -> bool:
+    """``path`` lies inside the package or module ``prefix`` names
+    ("endpoints.demo." and "endpoints.demo" both allow endpoints.demo.echo,
+    neither allows endpoints.demonic.x)."""
+    base = prefix.strip().rstrip(".")
+    return bool(base) and path.startswith(base + ".")
+
+
+def not_allowed(runner: dict[str, Any]) -> str | None:
+    """Why the operator's allow-list refuses this python or command runner,
+    or None. Staff configure endpoints, but what code may run on the workers
+    is the operator's decision (settings): RUNNER_PYTHON_ALLOWED_PREFIXES for
+    a python path, RUNNER_COMMAND_ALLOWED for a command's executable (argv[0],
+    compared exactly: a name looked up on PATH is only as safe as PATH). http
+    runners are checked against the URL policy where they are configured."""
+    from django.conf import settings
+
+    kind = runner.get("kind")
+    if kind == "python":
+        path = str(runner.get("path", ""))
+        prefixes = list(settings.RUNNER_PYTHON_ALLOWED_PREFIXES or [])
+        if not any(_inside(path, p) for p in prefixes):
+            return (
+                f"python runner path {path!r} is not allowed: RUNNER_PYTHON_ALLOWED_PREFIXES "
+                f"allows {', '.join(prefixes) or 'nothing'}"
+            )
+    elif kind == "command":
+        argv = runner.get("argv") or [""]
+        allowed = list(settings.RUNNER_COMMAND_ALLOWED or [])
+        if str(argv[0]) not in allowed:
+            return (
+                f"command runner executable {argv[0]!r} is not allowed: RUNNER_COMMAND_ALLOWED "
+                f"allows {', '.join(allowed) or 'nothing'}"
+            )
+    return None
 
 
 def run(ctx: TurnContext) -> Outcome:
     kind = ctx.runner.get("kind")
+    # Again before every turn: an endpoint configured before the operator
+    # narrowed the allow-list must not keep running what is now refused.
+    refused = not_allowed(ctx.runner)
+    if refused:
+        log.warning("turn %s refused: %s", ctx.turn_id, refused)
+        return Outcome.failure({"code": "runner_not_allowed", "detail": refused})
     try:
-        if kind == "python":
-            return _run_python(ctx)
-        if kind == "command":
-            return _run_command(ctx)
-        if kind == "http":
-            return _run_http(ctx)
-        raise RunnerError(f"unknown runner kind {kind!r}")
+        if kind == "python" and isolation(ctx.runner) == PROCESS:
+            from .isolation import run_isolated
+
+            ctx.history  # noqa: B018 - read here: the forked child has no database
+
+            outcome = run_isolated(
+                ctx, _run_python, kill_after_s=kill_after_s(ctx.runner, ctx.interrupt_grace_s)
+            )
+        elif kind == "python":
+            outcome = _run_python(ctx)
+        elif kind == "command":
+            outcome = _run_command(ctx)
+        elif kind == "http":
+            outcome = _run_http(ctx)
+        else:
+            raise RunnerError(f"unknown runner kind {kind!r}")
     except RunnerError as exc:
-        return Outcome.failure({"code": "runner_error", "detail": str(exc)})
+        outcome = Outcome.failure({"code": "runner_error", "detail": str(exc)})
+    return redact_token(outcome, ctx.token)
+
+
+def _redacted(value: Any, token: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(token, "[turn token]")
+    if isinstance(value, dict):
+        return {_redacted(k, token): _redacted(v, token) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v, token) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            f.name: _redacted(getattr(value, f.name), token) for f in dataclasses.fields(value)
+        }
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+def redact_token(outcome: Outcome, token: str) -> Outcome:
+    """The turn's token never reaches the ledger: a command that echoes its
+    stdin into stderr or a bad reply, or a runner that returns (or passes on
+    to its children) its envelope, would otherwise write it into the
+    ticket's result or error, the events and the stop evidence. The token is
+    URL-safe text, so its presence shows in the repr unescaped."""
+    if not token or token not in repr(outcome):
+        return outcome
+    return _redacted(outcome, token)
 
 
 def coerce(value: Any) -> Outcome:
@@ -166,6 +274,40 @@ def coerce(value: Any) -> Outcome:
 
 
 # --- python ----------------------------------------------------------------------------
+
+PROCESS, INLINE = "process", "inline"
+ISOLATIONS = (PROCESS, INLINE)
+KILL_AFTER_MAX_S = 60.0
+
+
+def isolation(runner: dict[str, Any]) -> str:
+    """Where a python runner's turn runs: ``process`` (the default, a forked
+    child the worker can stop with signals) or ``inline`` (in the worker's
+    pool process: cheaper, but an ignored interrupt means quarantine and a
+    held slot). Other runner kinds are never inline."""
+    if runner.get("kind") != "python":
+        return PROCESS
+    return INLINE if runner.get("isolation") == INLINE else PROCESS
+
+
+def kill_after_s(runner: dict[str, Any], interrupt_grace_s: float) -> float:
+    """SIGTERM to SIGKILL: the runner's ``kill_after_s``, else half the
+    interrupt grace, at most 5 s (at least 0.5 s)."""
+    value = runner.get("kill_after_s")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return min(float(value), KILL_AFTER_MAX_S)
+    return max(0.5, min(5.0, interrupt_grace_s / 2))
+
+
+def stop_window_s(runner: dict[str, Any], heartbeat_timeout_s: float, grace_s: float) -> float:
+    """How long after an interrupt request the budget sweep waits for stop
+    evidence before it quarantines: the grace; for an isolated python turn
+    also the escalation (the beat that carries the flag, SIGTERM,
+    ``kill_after_s``, SIGKILL and the reap)."""
+    if runner.get("kind") == "python" and isolation(runner) == PROCESS:
+        interval = heartbeat_interval(heartbeat_timeout_s, grace_s)
+        return grace_s + interval + kill_after_s(runner, grace_s) + 2.0 + 1.0
+    return grace_s
 
 
 def _load(path: str) -> Callable[[TurnContext], Any]:
@@ -202,7 +344,7 @@ def _run_command(ctx: TurnContext) -> Outcome:
     SIGTERM to the group, then SIGKILL after ``kill_after_s``; the exit
     status from ``waitpid`` is the stop evidence."""
     argv = ctx.runner["argv"]
-    kill_after = float(ctx.runner.get("kill_after_s", min(5.0, ctx.interrupt_grace_s / 2)))
+    kill_after = kill_after_s(ctx.runner, ctx.interrupt_grace_s)
     try:
         proc = subprocess.Popen(  # noqa: S603 - argv comes from staff-managed config
             argv,
@@ -252,6 +394,11 @@ def _run_command(ctx: TurnContext) -> Outcome:
     _signal_group(pgid, signal.SIGKILL)
     for r in readers:
         r.join(timeout=2)
+    # A long-lived worker must not leak two descriptors per turn; a reader
+    # still blocked (a process outside the group holds the pipe) keeps its own.
+    for reader, stream in zip(readers, (proc.stdout, proc.stderr), strict=True):
+        if not reader.is_alive():
+            stream.close()
     if signals_sent:
         return Outcome.stopped(
             "process_exit",
@@ -322,8 +469,28 @@ def _run_http(ctx: TurnContext) -> Outcome:
     202 means the agent answers later via ``POST /api/v1/turns/{id}/result``
     (and heartbeats through the API meanwhile)."""
     timeout = float(ctx.runner.get("timeout_s", 30))
+    url = ctx.runner["url"]
+    # The URL policy again, now (it was checked when the endpoint was set,
+    # but DNS may answer differently today), and the send pinned to the
+    # addresses it accepted: no second resolution (DNS rebinding).
     try:
-        resp = httpx.post(ctx.runner["url"], json=ctx.envelope(), timeout=timeout)
+        target = outbound.resolve_target(url, label="agent")
+    except outbound.Unresolvable as exc:
+        return Outcome.failure({"code": "agent_unreachable", "detail": exc.detail})
+    except Invalid as exc:
+        return Outcome.failure(
+            {"code": "agent_url_refused", "detail": f"not sent to {url!r}: {exc.detail}"}
+        )
+    try:
+        resp = outbound.post_pinned(
+            url=url,
+            target=target,
+            json=ctx.envelope(),
+            # The turn's own credential: the agent answers (and heartbeats)
+            # through the turn API with it, and can tell this call is ours.
+            headers={"Authorization": f"Bearer {ctx.token}", **tracing.outgoing_headers()},
+            timeout=timeout,
+        )
     except httpx.HTTPError as exc:
         return Outcome.failure({"code": "agent_unreachable", "detail": str(exc)})
     if resp.status_code == 202:
@@ -345,10 +512,24 @@ def cancel_http_turn(runner: dict[str, Any], turn_id: uuid.UUID, seq: int) -> No
     if not url:
         return
     try:
-        httpx.post(url, json={"turn": str(turn_id), "seq": seq}, timeout=5)
+        target = outbound.resolve_target(url, label="agent cancel")
+    except Invalid as exc:
+        log.warning("cancel of turn %s not sent to %s: %s", turn_id, url, exc.detail)
+        return
+    try:
+        outbound.post_pinned(
+            url=url, target=target, json={"turn": str(turn_id), "seq": seq}, timeout=5
+        )
     except httpx.HTTPError as exc:
         log.warning("cancel of turn %s at %s failed: %s", turn_id, url, exc)
 
 
-def heartbeat_interval(heartbeat_timeout_s: float) -> float:
-    return max(0.2, min(heartbeat_timeout_s / 3, 5.0))
+def heartbeat_interval(heartbeat_timeout_s: float, interrupt_grace_s: float | None = None) -> float:
+    """How often a worker heartbeats a turn: three beats per timeout, at most
+    every 5 s, and at least twice per interrupt grace, because the beat is
+    how a python runner hears its interrupt: a beat slower than the grace
+    would quarantine a turn that stops as soon as it is asked."""
+    interval = min(heartbeat_timeout_s / 3, 5.0)
+    if interrupt_grace_s is not None:
+        interval = min(interval, interrupt_grace_s / 2)
+    return max(0.2, interval)

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import uuid
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db.models import Q
 
 from config.errors import NotFound
+from tickets.selectors import iso
 
-from .models import Endpoint, EndpointAlias
+from .models import (
+    TURN_ACTIVE_STATES,
+    BusyPolicy,
+    Endpoint,
+    EndpointAlias,
+    EndpointLock,
+    EndpointState,
+    Turn,
+    TurnState,
+    Worker,
+    WorkerSlot,
+)
+from .ports import open_case_id
 
 
 def resolve_endpoint(address: str) -> Endpoint:
@@ -22,14 +41,52 @@ def resolve_endpoint(address: str) -> Endpoint:
     return endpoint
 
 
-def open_case_id(endpoint_id: int) -> uuid.UUID | None:
-    from recovery.models import CaseState, RecoveryCase
+def owned_endpoint_ids(user) -> list[int] | None:
+    """The ids of the endpoints ``user`` owns; None for staff, who act as
+    owners of every endpoint (callers read None as "no filter"). Endpoints
+    are configuration (few rows): one small query through the user's groups,
+    kept on the user object like Django's own permission cache, so a page
+    that filters several panels asks once (a request loads its user afresh)."""
+    if user is None or not user.is_authenticated:
+        return []
+    if user.is_staff:
+        return None
+    cached = getattr(user, "_claimcheck_owned_endpoints", None)
+    if cached is None:
+        cached = list(
+            Endpoint.objects.filter(owners__user=user).order_by().values_list("id", flat=True)
+        )
+        user._claimcheck_owned_endpoints = cached
+    return cached
 
-    return (
-        RecoveryCase.objects.filter(endpoint_id=endpoint_id, state=CaseState.OPEN)
-        .values_list("id", flat=True)
-        .first()
-    )
+
+def may_submit(user, endpoint: Endpoint) -> bool:
+    """May ``user`` submit tickets to ``endpoint``? Anyone may, unless the
+    endpoint is ``submit_restricted``: then the listed users, members of the
+    listed groups, its owners and staff. One query, and only for a restricted
+    endpoint."""
+    if not endpoint.submit_restricted:
+        return True
+    if user is None or not user.is_authenticated:
+        return False
+    if user.is_staff:
+        return True
+    users = Endpoint.submitter_users.through.objects.filter(endpoint_id=endpoint.id)
+    groups = Endpoint.submitter_groups.through.objects.filter(endpoint_id=endpoint.id)
+    allowed = Q(id__in=users.values("user_id")) | Q(groups__in=groups.values("group_id"))
+    if endpoint.owners_id is not None:
+        allowed |= Q(groups__id=endpoint.owners_id)
+    return get_user_model().objects.filter(allowed, id=user.id).exists()
+
+
+def submitters_payload(endpoint: Endpoint) -> dict[str, list[str]] | None:
+    """``{users, groups}`` (names, sorted) of a restricted endpoint, else None."""
+    if not endpoint.submit_restricted:
+        return None
+    return {
+        "users": sorted(endpoint.submitter_users.values_list("username", flat=True)),
+        "groups": sorted(endpoint.submitter_groups.values_list("name", flat=True)),
+    }
 
 
 def is_owner(user, endpoint: Endpoint) -> bool:
@@ -39,3 +96,166 @@ def is_owner(user, endpoint: Endpoint) -> bool:
     if user.is_staff:
         return True
     return endpoint.owners_id is not None and user.groups.filter(id=endpoint.owners_id).exists()
+
+
+# A well-formed hash no token has, compared against when the turn is unknown,
+# so an unknown turn costs the same comparison as a wrong token.
+_NO_TURN_SHA256 = "0" * 64
+
+
+def turn_for_token(turn_id: object, token: str) -> Turn | None:
+    """The turn, if ``token`` is the credential issued to exactly this turn
+    (its SHA-256 equals the turn's ``token_sha256``, compared in constant
+    time); otherwise None. A user's API key, another turn's token or a turn
+    from before tokens (empty hash) never match."""
+    try:
+        turn = Turn.objects.select_related("endpoint").filter(id=uuid.UUID(str(turn_id))).first()
+    except ValueError:
+        turn = None
+    expected = turn.token_sha256 if turn is not None and turn.token_sha256 else _NO_TURN_SHA256
+    given = hashlib.sha256(token.encode()).hexdigest()
+    if not hmac.compare_digest(given, expected) or turn is None:
+        return None
+    return turn
+
+
+def is_quarantined(endpoint: Endpoint) -> bool:
+    return endpoint.state == EndpointState.QUARANTINED
+
+
+def rejects_when_busy(endpoint: Endpoint) -> bool:
+    return endpoint.busy_policy == BusyPolicy.REJECT
+
+
+def is_locked(endpoint: Endpoint) -> bool:
+    """Is the endpoint's lock held by a turn?"""
+    return EndpointLock.objects.filter(endpoint=endpoint, holder__isnull=False).exists()
+
+
+def endpoint_payload(endpoint: Endpoint) -> dict[str, Any]:
+    from tickets.models import Ticket, TicketState
+
+    lock = EndpointLock.objects.filter(endpoint=endpoint).first()
+    case = open_case_id(endpoint.id)
+    return {
+        "address": endpoint.address,
+        "aliases": list(endpoint.aliases.values_list("alias", flat=True)),
+        "runner": endpoint.runner,
+        "owners": (
+            sorted(endpoint.owners.user_set.values_list("username", flat=True))
+            if endpoint.owners_id
+            else []
+        ),
+        "submitters": submitters_payload(endpoint),
+        "state": endpoint.state,
+        "lock": {
+            "holder_turn": str(lock.holder_id) if lock and lock.holder_id else None,
+            "token": lock.token if lock else None,
+            "acquired_at": iso(lock.acquired_at) if lock else None,
+        },
+        "queued": Ticket.objects.filter(endpoint=endpoint, state=TicketState.QUEUED).count(),
+        "turn_seq": endpoint.turn_seq,
+        "turn_budget_s": endpoint.turn_budget_s,
+        "interrupt_grace_s": endpoint.interrupt_grace_s,
+        "heartbeat_timeout_s": endpoint.heartbeat_timeout_s,
+        "requires_approval": endpoint.requires_approval,
+        "busy_policy": endpoint.busy_policy,
+        "open_case": str(case) if case else None,
+    }
+
+
+def _slot_payload(slot: WorkerSlot, now) -> dict[str, Any]:
+    turn = slot.turn
+    if turn is None:
+        return {"pid": slot.pid, "status": "idle", "turn": None, "since": iso(slot.updated_at)}
+    ticket_state = turn.ticket.state
+    if turn.state not in TURN_ACTIVE_STATES or ticket_state != "running":
+        # A quarantined or decided turn whose callable still occupies the process.
+        status = "held"
+    elif turn.state == TurnState.INTERRUPTING:
+        status = "interrupting"
+    else:
+        status = "running"
+    return {
+        "pid": slot.pid,
+        "status": status,
+        "turn": {
+            "id": str(turn.id),
+            "seq": turn.seq,
+            "state": turn.state,
+            "endpoint": turn.endpoint.address,
+            "ticket": str(turn.ticket_id),
+            "ticket_state": ticket_state,
+            "budget_left_s": round(max(0.0, (turn.deadline_at - now).total_seconds()), 1),
+        },
+        "since": iso(slot.since),
+    }
+
+
+def workers_overview() -> dict[str, Any]:
+    """Every registered worker and its slots (idle, running, interrupting,
+    held), lost workers, and the endpoints whose queued tickets wait while
+    every slot of the live turns workers is busy."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from tickets.models import Ticket, TicketState
+
+    now = timezone.now()
+    lost_before = now - timedelta(seconds=settings.WORKER_LOST_AFTER_S)
+    workers = []
+    free, held = 0, []
+    slots = WorkerSlot.objects.select_related("turn__ticket", "turn__endpoint").order_by("pid")
+    by_worker: dict[int, list[WorkerSlot]] = {}
+    for slot in slots:
+        by_worker.setdefault(slot.worker_id, []).append(slot)
+    turn_workers = 0
+    for w in Worker.objects.order_by("name"):
+        lost = w.last_seen_at < lost_before
+        rows = [_slot_payload(s, now) for s in by_worker.get(w.id, [])]
+        busy = sum(1 for r in rows if r["status"] != "idle")
+        if not lost and "turns" in w.queues:
+            turn_workers += 1
+            free += max(0, w.pool_size - busy)
+            held += [r["turn"]["id"] for r in rows if r["status"] == "held"]
+        workers.append(
+            {
+                "name": w.name,
+                "host": w.host,
+                "pid": w.pid,
+                "queues": w.queues,
+                "pool_size": w.pool_size,
+                "started_at": iso(w.started_at),
+                "last_seen_at": iso(w.last_seen_at),
+                "status": "lost" if lost else "alive",
+                "busy": busy,
+                "slots": rows,
+            }
+        )
+    starved = []
+    if turn_workers == 0 or free == 0:
+        starved = sorted(
+            set(
+                Ticket.objects.filter(
+                    state=TicketState.QUEUED, endpoint__state=EndpointState.AVAILABLE
+                ).values_list("endpoint__address", flat=True)
+            )
+        )
+    return {"workers": workers, "held_turns": held, "starved_endpoints": starved}
+
+
+def slot_holding(turn_id) -> WorkerSlot | None:
+    """The slot of a live worker whose pool process still runs ``turn_id``."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    alive_after = timezone.now() - timedelta(seconds=settings.WORKER_LOST_AFTER_S)
+    return (
+        WorkerSlot.objects.select_related("worker")
+        .filter(turn_id=turn_id, worker__last_seen_at__gte=alive_after)
+        .first()
+    )

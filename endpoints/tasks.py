@@ -6,10 +6,14 @@ from __future__ import annotations
 import uuid
 
 from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
 
+from config import observe
 from config.dispatch import RUN_TICKET
+from health.services import sweep_run
 
-from . import runtime
+from . import dispatcher, runtime
+from . import worker as _worker  # noqa: F401 - connects the shutdown signals
 
 
 @shared_task(name=RUN_TICKET, bind=True, ignore_result=True)
@@ -19,9 +23,23 @@ def run_ticket(self, ticket_id: str) -> None:
 
 @shared_task(name="endpoints.sweep_budgets", ignore_result=True)
 def sweep_budgets() -> None:
-    runtime.sweep_budgets()
+    with sweep_run("budgets"):
+        observe.swept("budgets", runtime.sweep_budgets())
 
 
 @shared_task(name="endpoints.sweep_lost_dispatches", ignore_result=True)
 def sweep_lost_dispatches() -> None:
-    runtime.sweep_lost_dispatches()
+    with sweep_run("lost_dispatches"):
+        observe.swept("lost_dispatches", runtime.sweep_lost_dispatches())
+
+
+@worker_ready.connect
+def _start_dispatcher(sender=None, **kwargs) -> None:
+    """A worker consuming the control queue runs the dispatcher thread."""
+    queues = sender.app.amqp.queues.consume_from if sender is not None else {}
+    dispatcher.start_in_worker(queues.keys() if queues else ())
+
+
+@worker_shutdown.connect
+def _stop_dispatcher(**kwargs) -> None:
+    dispatcher.stop_in_worker()

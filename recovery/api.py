@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Literal
 
 from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema, Status
-from pydantic import ConfigDict
+from ninja import Field, Query, Router, Status
+
+from config.schemas import Strict
 
 from . import selectors, services
+from .schemas import CaseOut, DecisionOut, InspectionOut, LessonWrittenOut, ProcessStopOut
 
 router = Router(tags=["recovery"])
 
-
-class Strict(Schema):
-    model_config = ConfigDict(extra="forbid")
+# The bounds list_cases enforces, declared so the OpenAPI document states them.
+CASES_LIMIT = Query(100, ge=1, le=selectors.MAX_CASES)
 
 
 # Ids and texts are optional in the schemas on purpose: the services explain
@@ -27,29 +28,36 @@ class DecisionIn(Strict):
     evidence: str | None = None
 
 
+class StopProcessIn(Strict):
+    rationale: str | None = None
+
+
 class LessonIn(Strict):
     what_failed: str | None = None
     evidence: str | None = None
     prevention: str | None = None
 
 
-@router.get("/cases", response=list[dict])
-def list_cases(request: HttpRequest, state: str | None = None, limit: int = Query(100)):
-    return [selectors.case_payload(c) for c in selectors.list_cases(state=state, limit=limit)]
+@router.get("/cases", response=list[CaseOut])
+def list_cases(request: HttpRequest, state: str | None = None, limit: int = CASES_LIMIT):
+    cases = selectors.list_cases(
+        cases=selectors.visible_cases(request.user), state=state, limit=limit
+    )
+    return [selectors.case_payload(c) for c in cases]
 
 
-@router.get("/cases/{case_id}", response=dict)
+@router.get("/cases/{case_id}", response=CaseOut)
 def get_case(request: HttpRequest, case_id: str):
-    return selectors.case_payload(selectors.get_case(case_id))
+    return selectors.case_payload(selectors.get_visible_case(case_id, user=request.user))
 
 
-@router.post("/cases/{case_id}/inspections", response={201: dict})
+@router.post("/cases/{case_id}/inspections", response={201: InspectionOut})
 def inspect(request: HttpRequest, case_id: str):
     inspection = services.inspect_case(case_id=case_id, user=request.user)
     return Status(201, selectors.inspection_payload(inspection))
 
 
-@router.post("/cases/{case_id}/decisions", response={201: dict})
+@router.post("/cases/{case_id}/decisions", response={201: DecisionOut})
 def decide(request: HttpRequest, case_id: str, payload: DecisionIn):
     decision = services.decide(
         case_id=case_id,
@@ -62,7 +70,7 @@ def decide(request: HttpRequest, case_id: str, payload: DecisionIn):
     return Status(201, selectors.decision_payload(decision))
 
 
-@router.post("/cases/{case_id}/lesson", response={201: dict})
+@router.post("/cases/{case_id}/lesson", response={201: LessonWrittenOut})
 def lesson(request: HttpRequest, case_id: str, payload: LessonIn):
     written = services.write_lesson(
         case_id=case_id,
@@ -72,3 +80,11 @@ def lesson(request: HttpRequest, case_id: str, payload: LessonIn):
         prevention=payload.prevention,
     )
     return Status(201, {**selectors.lesson_payload(written), "case_state": "closed"})
+
+
+@router.post("/cases/{case_id}/stop-process", response={201: ProcessStopOut})
+def stop_process(request: HttpRequest, case_id: str, payload: StopProcessIn):
+    """An owner's "stop the process" for a decided case's turn that still
+    holds a worker slot (409 when the case is open or no slot holds it)."""
+    stop = services.stop_process(case_id=case_id, user=request.user, rationale=payload.rationale)
+    return Status(201, selectors.process_stop_payload(stop))

@@ -122,3 +122,29 @@ class Lesson(models.Model):
 
     def __str__(self) -> str:
         return f"lesson of case {self.case_id}"
+
+
+class ProcessStop(models.Model):
+    """An owner's "stop the process": the pool process that still runs an
+    inline turn after its case was decided is killed by the worker on its
+    host, targeting the recorded pid, never by task id. Recorded like a
+    decision (actor, rationale); ``outcome`` and ``exit`` are filled in by
+    that worker, and the exit is also late evidence on the case."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    case = models.ForeignKey(RecoveryCase, on_delete=models.PROTECT, related_name="process_stops")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    rationale = models.TextField()
+    worker = models.CharField(max_length=255)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    outcome = models.CharField(max_length=20, default="requested")  # requested | killed | gone
+    exit = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"stop of process {self.pid} on {self.host} for case {self.case_id}"

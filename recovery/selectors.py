@@ -12,9 +12,10 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from config.canonical import canonical_json
 from config.errors import Invalid, NotFound
 from endpoints.models import ContextEntry, EndpointLock, Turn
-from tickets.admission import canonical_json
+from endpoints.selectors import owned_endpoint_ids
 from tickets.models import Callback, Ticket
 from tickets.selectors import event_payload, iso, ticket_events, ticket_payload
 
@@ -22,7 +23,7 @@ from .models import CaseEvidence, CaseState, Decision, Inspection, Lesson, Recov
 
 MAX_CASES = 500
 
-# Evidence kinds written by ``endpoints.runtime._record_stale``: ``late_<outcome kind>``.
+# Evidence kinds written by ``endpoints.runtime.evidence.record_stale``: ``late_<outcome kind>``.
 LATE_STOP_RECEIPT = "late_stopped"
 LATE_RESULT_KINDS = ("late_success", "late_failure", "late_wait")
 
@@ -35,7 +36,32 @@ def parse_uuid(value: Any, what: str) -> uuid.UUID:
         raise NotFound(f"{what} {value} not found") from None
 
 
+def visible_cases(user) -> QuerySet[RecoveryCase]:
+    """The cases ``user`` may see: those of the endpoints they own; staff
+    see all (API.md "Who may see and do what"). Lessons follow their case."""
+    if user is None or not user.is_authenticated:
+        return RecoveryCase.objects.none()
+    owned = owned_endpoint_ids(user)
+    if owned is None:  # staff
+        return RecoveryCase.objects.all()
+    return RecoveryCase.objects.filter(endpoint_id__in=owned)
+
+
+def get_visible_case(case_id: uuid.UUID | str, *, user) -> RecoveryCase:
+    """The case, if ``user`` may see it; otherwise 404 as for an unknown id."""
+    case = (
+        visible_cases(user)
+        .select_related("endpoint", "turn")
+        .filter(id=parse_uuid(case_id, "case"))
+        .first()
+    )
+    if case is None:
+        raise NotFound(f"case {case_id} not found")
+    return case
+
+
 def get_case(case_id: uuid.UUID | str) -> RecoveryCase:
+    """Any case, for the services (which check the owner themselves)."""
     case = (
         RecoveryCase.objects.select_related("endpoint", "turn")
         .filter(id=parse_uuid(case_id, "case"))
@@ -46,21 +72,28 @@ def get_case(case_id: uuid.UUID | str) -> RecoveryCase:
     return case
 
 
-def list_cases(*, state: str | None = None, limit: int = 100) -> list[RecoveryCase]:
-    """Newest first. Cases are rare (one per quarantine), so a plain limit is enough."""
+def list_cases(
+    *, cases: QuerySet[RecoveryCase], state: str | None = None, limit: int = 100
+) -> list[RecoveryCase]:
+    """Newest first, from ``cases``: ``visible_cases(user)`` for a caller,
+    every case for the operator's command line. Cases are rare (one per
+    quarantine), so a plain limit is enough."""
     if state and state not in CaseState.values:
         raise Invalid(f"state must be one of {', '.join(CaseState.values)}")
     if not 1 <= limit <= MAX_CASES:
         raise Invalid(f"limit must be between 1 and {MAX_CASES}")
-    qs: QuerySet[RecoveryCase] = RecoveryCase.objects.select_related("endpoint", "turn")
+    qs: QuerySet[RecoveryCase] = cases.select_related("endpoint", "turn")
     if state:
         qs = qs.filter(state=state)
     return list(qs.order_by("-opened_at", "-id")[:limit])
 
 
-def list_lessons(*, limit: int = 100) -> list[Lesson]:
+def list_lessons(*, user, limit: int = 100) -> list[Lesson]:
+    """The lessons of the cases ``user`` may see, newest first."""
     return list(
-        Lesson.objects.select_related("actor", "case__endpoint").order_by("-created_at")[:limit]
+        Lesson.objects.filter(case__in=visible_cases(user))
+        .select_related("actor", "case__endpoint")
+        .order_by("-created_at")[:limit]
     )
 
 
@@ -270,4 +303,30 @@ def build_snapshot(case: RecoveryCase) -> dict[str, Any]:
         "outputs": _outputs_snapshot(ticket, turn),
         "events": [event_payload(e) for e in ticket_events(ticket.id)],
         "evidence": _evidence_snapshot(case, turn),
+    }
+
+
+def open_case_id(endpoint_id: int) -> uuid.UUID | None:
+    """The id of the endpoint's open case, or None (one at most: the
+    ``one_open_case_per_endpoint`` constraint)."""
+    return (
+        RecoveryCase.objects.filter(endpoint_id=endpoint_id, state=CaseState.OPEN)
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
+def process_stop_payload(stop) -> dict[str, Any]:
+    return {
+        "id": str(stop.id),
+        "case": str(stop.case_id),
+        "actor": stop.actor.get_username(),
+        "rationale": stop.rationale,
+        "worker": stop.worker,
+        "host": stop.host,
+        "pid": stop.pid,
+        "outcome": stop.outcome,
+        "exit": stop.exit,
+        "created_at": iso(stop.created_at),
+        "done_at": iso(stop.done_at),
     }

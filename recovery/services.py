@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from config.errors import DedupeConflict, Forbidden, Invalid, InvalidTransition
-from endpoints.models import TurnState
+from config import limits
+from config.errors import DedupeConflict, Invalid, InvalidTransition, NotFound
+from endpoints.models import Turn, TurnState
 from endpoints.runtime import resolve_uncertain_turn
 from endpoints.selectors import is_owner
 from tickets import lifecycle
@@ -38,12 +40,13 @@ from .models import (
     DecisionAction,
     Inspection,
     Lesson,
+    ProcessStop,
     RecoveryCase,
 )
 from .selectors import LATE_STOP_RECEIPT, build_snapshot, get_case, snapshot_sha256
 
-MAX_TEXT = 20_000
-MAX_DEDUPE_KEY = 255
+MAX_TEXT = limits.TEXT_CHARS
+MAX_DEDUPE_KEY = limits.DEDUPE_KEY_CHARS
 
 
 def actor_name(user: AbstractBaseUser) -> str:
@@ -51,8 +54,11 @@ def actor_name(user: AbstractBaseUser) -> str:
 
 
 def _require_owner(user: AbstractBaseUser | None, case: RecoveryCase, doing: str) -> None:
+    # Cases are seen only by the endpoint's owners and staff (API.md "Who may
+    # see and do what"), so to anyone else the case does not exist: 404, as
+    # for an unknown id, whatever they were trying to do.
     if not is_owner(user, case.endpoint):
-        raise Forbidden(f"only an owner of {case.endpoint.address} may {doing} its recovery case")
+        raise NotFound(f"case {case.id} not found")
 
 
 def _text(value: Any, name: str, *, required: bool = True) -> str:
@@ -162,6 +168,10 @@ def _admit_rerun(*, original: Ticket, address: str, actor: str) -> Ticket:
         dedupe_key=key,
         parent_id=original.id,
         rerun_of_id=original.id,
+        # A child's re-run answers the parent its original was dispatched by
+        # (DESIGN.md flow 7): same return_to and continuation.
+        return_to=original.return_to.address if original.return_to_id else None,
+        continuation=original.continuation,
         requester=original.requester,
         submitted_by_id=original.submitted_by_id,
         actor=actor,
@@ -361,3 +371,127 @@ def write_lesson(
             detail={"case": str(case.id), "lesson": str(lesson.id)},
         )
     return lesson
+
+
+# --- Records the runtime asks for (endpoints.ports.CaseKeeper) ------------------------------
+
+
+def open_case_for_uncertain_turn(*, turn: Turn, reason: str, at: datetime) -> uuid.UUID:
+    """Open the case of a turn the runtime has just found uncertain, in the
+    runtime's transaction (the quarantine's): the case and the quarantine
+    commit together or not at all."""
+    case = RecoveryCase.objects.create(
+        endpoint_id=turn.endpoint_id,
+        turn=turn,
+        ticket_id=turn.ticket_id,
+        reason=reason,
+        state=CaseState.OPEN,
+        opened_at=at,
+    )
+    return case.id
+
+
+def record_late_evidence(
+    *, turn: Turn, kind: str, seq: int, source: str, detail: dict[str, Any]
+) -> None:
+    """A late or foreign outcome or heartbeat about ``turn``: evidence on its
+    open case, when it has one (the uncertain turn's), in the caller's
+    transaction. Evidence kinds are ``late_<outcome kind>``."""
+    case = (
+        RecoveryCase.objects.filter(turn=turn)
+        .exclude(state=CaseState.CLOSED)
+        .order_by("-opened_at")
+        .first()
+    )
+    if case is not None:
+        CaseEvidence.objects.create(
+            case=case,
+            kind=f"late_{kind}",
+            seq=seq,
+            detail={"source": source, **detail},
+            at=timezone.now(),
+        )
+
+
+def stop_process(
+    *, case_id: uuid.UUID | str, user: AbstractBaseUser, rationale: str | None
+) -> ProcessStop:
+    """An owner's "stop the process" for an inline turn that still holds a
+    worker slot after its case was decided (docs/design.md, "Reclaiming a
+    slot"). Recorded like a decision (actor, rationale, a ticket event); the
+    kill is carried out after commit by the worker on the recorded host,
+    targeting the recorded pid, only while its slot still names this turn.
+    Never ``revoke(terminate=True)``, never a kill by task id."""
+    from endpoints.registry import request_process_stop
+    from endpoints.selectors import slot_holding
+
+    case = get_case(case_id)
+    _require_owner(user, case, "stop the process of")
+    rationale = _text(rationale, "rationale")
+    if case.state == CaseState.OPEN:
+        raise InvalidTransition(
+            f"case {case.id} is open: decide it before stopping its turn's process",
+            state=case.state,
+        )
+    slot = slot_holding(case.turn_id)
+    if slot is None:
+        raise InvalidTransition(
+            f"no live worker process holds turn {case.turn_id}", state=case.state
+        )
+    actor = actor_name(user)
+    now = timezone.now()
+    with transaction.atomic():
+        stop = ProcessStop.objects.create(
+            case=case,
+            actor=user,
+            rationale=rationale,
+            worker=slot.worker.name,
+            host=slot.worker.host,
+            pid=slot.pid,
+            created_at=now,
+        )
+        lifecycle.append_event(
+            ticket_id=case.ticket_id,
+            kind="process_stop_requested",
+            actor=actor,
+            turn_id=case.turn_id,
+            detail={
+                "case": str(case.id),
+                "stop": str(stop.id),
+                "worker": stop.worker,
+                "host": stop.host,
+                "pid": stop.pid,
+                "rationale": rationale,
+            },
+        )
+        args = {
+            "stop_id": str(stop.id),
+            "turn_id": str(case.turn_id),
+            "pid": stop.pid,
+            "host": stop.host,
+        }
+        transaction.on_commit(lambda: request_process_stop(stop.worker, **args))
+    return stop
+
+
+def record_process_exit(*, stop_id: str, outcome: str, exit: dict[str, Any]) -> None:
+    """The worker's report of a "stop the process": the stop's outcome, and
+    the exit as late evidence on the case (kind ``late_process_exit``)."""
+    with transaction.atomic():
+        stop = (
+            ProcessStop.objects.select_for_update()
+            .select_related("case__turn")
+            .filter(id=stop_id, outcome="requested")
+            .first()
+        )
+        if stop is None:
+            return
+        now = timezone.now()
+        ProcessStop.objects.filter(id=stop.id).update(outcome=outcome, exit=exit, done_at=now)
+        CaseEvidence.objects.create(
+            case=stop.case,
+            kind="late_process_exit",
+            seq=stop.case.turn.seq,
+            detail={"source": f"worker:{stop.worker}", "stop": str(stop.id), **exit},
+            at=now,
+        )

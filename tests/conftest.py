@@ -18,12 +18,49 @@ from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# --- Database roles (tests/db_roles.py): the test database is created and
+# migrated as the owner role; in-process code and the Celery processes below
+# connect as the application role (DATABASE_APP_ROLE, set by `make test`).
+from tests.db_roles import django_db_setup, owner_cursor  # noqa: E402,F401 - fixtures
+from tests.faults import figures as fault_figures  # noqa: E402
+
+
+def pytest_runtest_logreport(report):
+    fault_figures.collect(report)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    fault_figures.summarise(terminalreporter)
+
 
 def pytest_configure(config):
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         raise pytest.UsageError(
             "the test suite runs against PostgreSQL: use `make test` or set DATABASE_URL"
         )
+    _own_broker_per_xdist_worker()
+
+
+def _own_broker_per_xdist_worker() -> None:
+    """Under pytest-xdist (`make test` runs two workers) each worker has its
+    own test database (pytest-django adds ``_gw0``, ``_gw1``) and here its own
+    Redis database: gw0 keeps CELERY_BROKER_URL's, gwN takes the one N below.
+    Tests purge their broker and start Celery processes on it; a shared one
+    would hand one worker's turns to the other's processes."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not settings.CELERY_BROKER_URL.startswith("redis://"):
+        return
+    from urllib.parse import urlsplit, urlunsplit
+
+    from config.celery import app
+
+    parts = urlsplit(settings.CELERY_BROKER_URL)
+    base = int(parts.path.strip("/") or 0)
+    own = (base - int(worker[2:])) % 16
+    url = urlunsplit(parts._replace(path=f"/{own}"))
+    settings.CELERY_BROKER_URL = url
+    # Celery derives the read and write URLs from broker_url once configured.
+    app.conf.update(broker_url=url, broker_read_url=url, broker_write_url=url)
 
 
 def wait_for(
@@ -42,6 +79,30 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+# The runner allow-list the tests need (README "Tests"): the demo runners,
+# runners under tests/, and commands run by this interpreter. The worker
+# processes get the same lists through _test_env.
+TEST_RUNNER_PYTHON_PREFIXES = ["endpoints.demo.", "tests."]
+TEST_RUNNER_COMMANDS = [sys.executable]
+
+
+@pytest.fixture(autouse=True)
+def _runner_allow_list(settings):
+    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = TEST_RUNNER_PYTHON_PREFIXES
+    settings.RUNNER_COMMAND_ALLOWED = TEST_RUNNER_COMMANDS
+
+
+@pytest.fixture(autouse=True)
+def _fresh_api_key_cache():
+    """Each test starts with no verified key remembered (console/keys.py):
+    a test's database is rolled back, the process-wide cache is not."""
+    from console.keys import key_cache
+
+    key_cache.clear()
+    yield
+    key_cache.clear()
 
 
 @pytest.fixture
@@ -97,10 +158,14 @@ def make_endpoint(db):
 
     counter = iter(range(10_000))
 
-    def make(address=None, path="endpoints.demo.echo", runner=None, **kw):
+    def make(address=None, path="endpoints.demo.echo", runner=None, isolation=None, **kw):
+        # demo.stuck shows quarantine: it runs inline unless a test says otherwise.
+        if isolation is None and path == "endpoints.demo.stuck":
+            isolation = "inline"
+        extra = {"isolation": isolation} if isolation else {}
         return create_endpoint(
             address=address or f"test.ep-{next(counter)}",
-            runner=runner or {"kind": "python", "path": path},
+            runner=runner or {"kind": "python", "path": path, **extra},
             **kw,
         )
 
@@ -111,7 +176,7 @@ def make_endpoint(db):
 
 
 def _test_env() -> dict[str, str]:
-    db = settings.DATABASES["default"]
+    db = settings.DATABASES["default"]  # USER: the application role (tests/db_roles.py)
     env = dict(os.environ)
     env["DATABASE_URL"] = (
         f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{connection.settings_dict['NAME']}"
@@ -119,9 +184,12 @@ def _test_env() -> dict[str, str]:
     env["CELERY_BROKER_URL"] = settings.CELERY_BROKER_URL
     env["SWEEP_INTERVAL_S"] = "0.5"
     env["REDISPATCH_AFTER_S"] = "1"
+    env["WORKER_HEARTBEAT_S"] = "0.5"
     env["DB_CONN_MAX_AGE"] = "0"
     env["PYTHONPATH"] = str(ROOT)
     env["C_FORCE_ROOT"] = "1"
+    env["RUNNER_PYTHON_ALLOWED_PREFIXES"] = ",".join(settings.RUNNER_PYTHON_ALLOWED_PREFIXES)
+    env["RUNNER_COMMAND_ALLOWED"] = ",".join(settings.RUNNER_COMMAND_ALLOWED)
     return env
 
 
@@ -129,8 +197,11 @@ class Processes:
     """Celery processes started for a test module; stopped (whole process
     groups) at teardown."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None):
         self.tmp = tmp
+        # Overrides of the test environment (e.g. DATABASE_URL of a private
+        # cluster, see tests/pgcluster.py).
+        self.env = env or {}
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
@@ -138,7 +209,7 @@ class Processes:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "config", *args],
                 cwd=ROOT,
-                env=_test_env(),
+                env={**_test_env(), **self.env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -151,7 +222,7 @@ class Processes:
         name: str = "turns",
         queues: str = "turns,control",
         concurrency: int = 3,
-        ready_timeout: float = 30.0,
+        ready_timeout: float = 90.0,  # a loaded 2-core machine starts Python slowly
     ) -> subprocess.Popen:
         proc = self.start(
             name,
@@ -174,10 +245,28 @@ class Processes:
         )
         return proc
 
-    def beat(self) -> subprocess.Popen:
-        return self.start(
+    def beat(self, ready_timeout: float = 60.0, wait: bool = True) -> subprocess.Popen:
+        proc = self.start(
             "beat", "beat", "--loglevel", "INFO", "-s", str(self.tmp / "beat-schedule")
         )
+        if wait:
+            self.wait_beat(ready_timeout)
+        return proc
+
+    def wait_beat(self, ready_timeout: float = 60.0) -> None:
+        # Under load beat takes seconds to start: a test that needs the sweeps
+        # (a budget to be enforced) must not race it.
+        wait_for(
+            lambda: b"beat: Starting" in self.log("beat"),
+            timeout=ready_timeout,
+            message="beat to start",
+        )
+
+    def worker_and_beat(self) -> None:
+        """The default worker and beat, readying side by side."""
+        self.beat(wait=False)
+        self.worker()
+        self.wait_beat()
 
     def log(self, name: str) -> bytes:
         path = self.tmp / f"{name}.log"
@@ -242,7 +331,18 @@ def celery_procs(transactional_db, tmp_path):
 
 @pytest.fixture
 def worker(celery_procs):
-    """One real worker (3 processes) on both queues, and beat with 0.5 s sweeps."""
-    celery_procs.worker()
-    celery_procs.beat()
+    """One real worker (3 processes) on both queues, and beat with 0.5 s sweeps.
+    Beat starts first and readies while the worker does (start-up is most of
+    an integration test's time)."""
+    celery_procs.worker_and_beat()
     return celery_procs
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _close_ticket_wait_listener():
+    """wait_s opens one LISTEN session per process (tickets/waits.py): close
+    it before pytest-django drops the test database."""
+    yield
+    from tickets import waits
+
+    waits.stop_listener()

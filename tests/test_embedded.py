@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -57,16 +58,9 @@ def test_embedded_default_serves_and_runs_a_turn_without_services(tmp_path):
     key = seeded.stdout.strip().splitlines()[-1].split("API key: ")[1]
     assert (tmp_path / "var" / "db.sqlite3").exists()
     port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        ),
-        subprocess.Popen(
+
+    def worker() -> subprocess.Popen:
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -75,7 +69,9 @@ def test_embedded_default_serves_and_runs_a_turn_without_services(tmp_path):
                 "config",
                 "worker",
                 "-Q",
-                "turns",
+                # The control queue's worker runs the dispatcher (polling on
+                # SQLite), which publishes what admission marked as owed.
+                "turns,control",
                 "-c",
                 "1",
                 "--without-gossip",
@@ -86,7 +82,30 @@ def test_embedded_default_serves_and_runs_a_turn_without_services(tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+        )
+
+    def terminate(proc: subprocess.Popen, within: float) -> float:
+        """SIGTERM to the process group, as honcho sends it; its exit time."""
+        started = time.monotonic()
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # leave nothing behind, then fail
+            proc.wait()
+            raise
+        return time.monotonic() - started
+
+    procs = [
+        subprocess.Popen(
+            [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         ),
+        worker(),
     ]
     base = f"http://127.0.0.1:{port}"
     try:
@@ -111,7 +130,30 @@ def test_embedded_default_serves_and_runs_a_turn_without_services(tmp_path):
         assert status == 201
         assert ticket["state"] == "succeeded", ticket
         assert ticket["result"] == {"echo": {"hi": 1}}
+
+        # The idle worker (its pool process has run a turn) exits on SIGTERM.
+        terminate(procs[1], within=15)
+
+        # SIGTERM while demo.stubborn runs: the turn is stopped by the
+        # escalation (grace 5 s, SIGTERM, kill_after 2.5 s, SIGKILL) with its
+        # exit as the evidence, and the worker exits.
+        procs.append(worker())
+        status, body = _http(
+            f"{base}/api/v1/tickets", {"endpoint": "demo.stubborn", "input": {}}, key
+        )
+        stubborn = json.loads(body)["id"]
+
+        def ticket_state():
+            return json.loads(_http(f"{base}/api/v1/tickets/{stubborn}", key=key)[1])
+
+        wait_for(lambda: ticket_state()["state"] == "running", timeout=60, message="the turn")
+        time.sleep(0.5)  # the isolated child is in its callable (and ignores SIGTERM)
+        took = terminate(procs[2], within=5 + 2.5 + 6)
+        stopped = ticket_state()
+        assert stopped["state"] == "failed", (stopped, took)
+        assert stopped["error"]["code"] == "interrupted"
+        assert stopped["error"]["signals"] == ["SIGTERM", "SIGKILL"]
     finally:
         for p in procs:
-            os.killpg(p.pid, 15)
-            p.wait(timeout=15)
+            if p.poll() is None:
+                terminate(p, within=15)

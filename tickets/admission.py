@@ -18,25 +18,37 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
 
-from config.dispatch import RUN_TICKET, publish
+from config import observe
+from config.canonical import canonical_json
+from config.dispatch import wake_dispatcher
 from config.errors import (
     CircuitOpen,
     DedupeConflict,
     EndpointBusy,
     EndpointQuarantined,
+    Forbidden,
     Invalid,
     NotFound,
     TooLarge,
 )
-from endpoints.models import BusyPolicy, Endpoint, EndpointState
-from endpoints.selectors import open_case_id, resolve_endpoint
+from config.limits import DEDUPE_KEY_CHARS, TRACE_ID_CHARS
 
 from .ids import new_id
 from .lifecycle import append_event
-from .models import CallbackState, ObligationState, Ticket, TicketState, Trace
+from .models import (
+    CallbackState,
+    DeliveryState,
+    ObligationState,
+    Ticket,
+    TicketState,
+    Trace,
+)
+from .ports import ENDPOINT_AVAILABLE, ENDPOINT_ENQUEUE, endpoint_directory
+from .selectors import may_see, visible_tickets
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +59,15 @@ class Admitted:
     duplicate: bool
 
 
-def canonical_json(value: Any) -> bytes:
-    """One byte string per JSON value: the basis of the input hash and caps."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def validate_dedupe_key(key: str | None) -> str | None:
     if key is None:
         return None
-    if not isinstance(key, str) or not 1 <= len(key) <= 255 or not key.isprintable():
-        raise Invalid("dedupe_key must be 1 to 255 printable characters")
+    if not isinstance(key, str) or not 1 <= len(key) <= DEDUPE_KEY_CHARS or not key.isprintable():
+        raise Invalid(f"dedupe_key must be 1 to {DEDUPE_KEY_CHARS} printable characters")
     return key
 
 
+@observe.admission  # admitted/duplicate/refused counters; the trace a response returns
 def admit_ticket(
     *,
     endpoint: str,
@@ -73,9 +81,18 @@ def admit_ticket(
     callback_for_id: uuid.UUID | None = None,
     rerun_of_id: uuid.UUID | None = None,
     submitted_by_id: int | None = None,
+    submitter: AbstractBaseUser | None = None,
     actor: str = "",
 ) -> Admitted:
     """Admit one ticket (DESIGN.md flow 1).
+
+    ``submitter`` is the user asking (an API key's user): the ticket is
+    theirs to see, a restricted endpoint (or ``return_to``) must let them
+    submit (403 otherwise, before any lookup by dedupe key, so a refused
+    caller learns nothing about existing tickets), a ``parent`` must be a
+    ticket they may see, and a duplicate they may not see is a
+    ``dedupe_conflict`` that names no ticket. Admissions by the runtime
+    itself (children, callbacks, re-runs) have no submitter.
 
     1. Check the caps and the dedupe key's shape.
     2. Fast path (PostgreSQL, a root ticket on a new trace): one statement
@@ -86,7 +103,8 @@ def admit_ticket(
        fail closed on quarantine, apply the busy policy and the circuit
        breaker, then insert; the unique constraint decides a race and the
        loser returns the winner's row.
-    4. Publish the dispatch after commit.
+    4. No broker publish: the ticket is marked ``needs_dispatch`` and the
+       dispatcher (endpoints/dispatcher.py) is woken by a NOTIFY at commit.
     """
     if not isinstance(input, dict):
         raise Invalid("input must be a JSON object")
@@ -97,12 +115,16 @@ def admit_ticket(
             limit=settings.TICKET_MAX_INPUT_BYTES,
         )
     dedupe_key = validate_dedupe_key(dedupe_key)
-    if trace_id is not None and (not trace_id or len(trace_id) > 64 or not trace_id.isprintable()):
-        raise Invalid("trace_id must be 1 to 64 printable characters")
+    if trace_id is not None and (
+        not trace_id or len(trace_id) > TRACE_ID_CHARS or not trace_id.isprintable()
+    ):
+        raise Invalid(f"trace_id must be 1 to {TRACE_ID_CHARS} printable characters")
     requester = requester or {}
     if len(canonical_json(requester)) > settings.TICKET_MAX_INPUT_BYTES:
         raise TooLarge("requester metadata is over the input cap")
     sha = hashlib.sha256(body).hexdigest()
+    if submitter is not None:
+        submitted_by_id = submitter.id
 
     if (
         connection.vendor == "postgresql"
@@ -119,6 +141,7 @@ def admit_ticket(
             dedupe_key=dedupe_key,
             requester=requester,
             submitted_by_id=submitted_by_id,
+            submitter=submitter,
             actor=actor,
         )
         if fast is not None:
@@ -136,32 +159,37 @@ def admit_ticket(
         callback_for_id=callback_for_id,
         rerun_of_id=rerun_of_id,
         submitted_by_id=submitted_by_id,
+        submitter=submitter,
         actor=actor,
     )
 
 
-# The fast path. Inserts only when the endpoint exists, is available and (for
-# a ``reject`` endpoint) idle; a root ticket starts a new trace, so the circuit
-# breaker has nothing to refuse. Returns the new ticket's id, or the existing
-# ticket holding the key (with its input hash), or no row.
-_FAST_SQL = """
+# The fast path. Inserts only when the endpoint exists, is available, lets
+# anyone submit (a restricted one takes the general path, which checks who
+# asks before it looks anything up) and (for a ``reject`` endpoint) is idle;
+# a root ticket starts a new trace, so the circuit breaker has nothing to
+# refuse. Returns the new ticket's id, or the existing ticket holding the key
+# (with its input hash), or no row.
+# State strings come from the enums (endpoint ones through tickets.ports, which a
+# test holds equal to endpoints' enums).
+_QUEUED, _OB_OPEN = TicketState.QUEUED.value, ObligationState.OPEN.value
+_CB_NONE, _DL_NONE = CallbackState.NONE.value, DeliveryState.NONE.value
+# Every column of the ticket, for the duplicate branch (read back in this
+# order by _ticket_from_row).
+_TICKET_FIELDS = tuple(Ticket._meta.concrete_fields)
+_TICKET_COLUMNS = ", ".join(f't."{f.column}"' for f in _TICKET_FIELDS)
+_NO_TICKET = ", ".join("NULL" for _ in _TICKET_FIELDS)
+_FAST_SQL = f"""
 WITH ep AS (
-    SELECT e.id, e.address FROM endpoints_endpoint e
+    SELECT e.id, e.address, e.owners_id FROM endpoints_endpoint e
     WHERE e.id = COALESCE(
         (SELECT id FROM endpoints_endpoint WHERE address = %(address)s),
         (SELECT endpoint_id FROM endpoints_endpointalias WHERE alias = %(address)s))
-      AND e.state = 'available'
-      AND (e.busy_policy = 'enqueue' OR NOT EXISTS (
+      AND e.state = '{ENDPOINT_AVAILABLE}'
+      AND NOT e.submit_restricted
+      AND (e.busy_policy = '{ENDPOINT_ENQUEUE}' OR NOT EXISTS (
             SELECT 1 FROM endpoints_endpointlock l
             WHERE l.endpoint_id = e.id AND l.holder_id IS NOT NULL))
-),
-lk AS (
-    -- The lock row, locked for this statement: it orders this admission
-    -- against a turn's start or release. Held: the release will dispatch
-    -- this ticket (needs_dispatch), so no message now; free (or released
-    -- while we waited: FOR UPDATE returns the new row): publish one.
-    SELECT l.holder_id IS NOT NULL AS held FROM endpoints_endpointlock l, ep
-    WHERE l.endpoint_id = ep.id FOR UPDATE OF l
 ),
 ins AS (
     INSERT INTO tickets_ticket (
@@ -169,28 +197,39 @@ ins AS (
         artifacts, requester, submitted_by_id, callback_state, delivery_state,
         needs_dispatch, obligation_state, obligation_due_at, obligation_overdue,
         obligation_note, created_at, updated_at, version)
-    SELECT %(id)s, ep.id, %(dedupe_key)s, %(sha)s, %(input)s::jsonb, %(trace_id)s, 0, 'queued',
-        '[]'::jsonb, %(requester)s::jsonb, %(submitted_by_id)s, 'none', 'none',
-        COALESCE((SELECT held FROM lk), false), 'open', %(due)s, false, '', %(now)s, %(now)s, 1
+    SELECT %(id)s, ep.id, %(dedupe_key)s, %(sha)s, %(input)s::jsonb, %(trace_id)s, 0, '{_QUEUED}',
+        '[]'::jsonb, %(requester)s::jsonb, %(submitted_by_id)s, '{_CB_NONE}', '{_DL_NONE}',
+        true, '{_OB_OPEN}', %(due)s, false, '', %(now)s, %(now)s, 1
     FROM ep
     ON CONFLICT (endpoint_id, dedupe_key) DO NOTHING
-    RETURNING id, endpoint_id, needs_dispatch
+    -- The ledger is the outbox: the ticket owes a dispatch (needs_dispatch)
+    -- and the dispatcher is woken when this statement commits. No broker
+    -- round trip on the request path.
+    RETURNING id, endpoint_id, pg_notify('claimcheck_dispatch', '') IS NULL AS woke
 ),
 ev AS (
     INSERT INTO tickets_ticketevent (ticket_id, kind, from_state, to_state, actor, detail, at)
-    SELECT id, 'admitted', '', 'queued', %(actor)s, '{}'::jsonb, %(now)s FROM ins
+    SELECT id, 'admitted', '', '{_QUEUED}', %(actor)s, '{{}}'::jsonb, %(now)s FROM ins
 ),
 tr AS (
     INSERT INTO tickets_trace (id, tickets, max_depth, flagged, created_at)
     SELECT %(trace_id)s, 1, 0, false, %(now)s FROM ins
 )
-SELECT ins.id, ins.endpoint_id, ep.address, ins.needs_dispatch, NULL::varchar
+SELECT ins.id, ins.endpoint_id, ep.address, true, NULL, NULL, NULL, NULL, {_NO_TICKET}
 FROM ins, ep
 UNION ALL
 -- Not inserted: the ticket that already holds the key (committed before this
--- statement began; a racing one is left to the general path).
-SELECT t.id, t.endpoint_id, ep.address, false, t.input_sha256
+-- statement began; a racing one is left to the general path), whole, with
+-- what its payload and the visibility check need: whether the submitter owns
+-- the endpoint (a member of its owners group, as owned_endpoint_ids), its
+-- turn's seq and state, its return_to's address. A duplicate is one round trip.
+SELECT t.id, t.endpoint_id, ep.address, false,
+    EXISTS (SELECT 1 FROM auth_user_groups ug
+            WHERE ug.group_id = ep.owners_id AND ug.user_id = %(submitted_by_id)s),
+    tu.seq, tu.state, rt.address, {_TICKET_COLUMNS}
 FROM tickets_ticket t JOIN ep ON t.endpoint_id = ep.id
+LEFT JOIN endpoints_turn tu ON tu.id = t.turn_id
+LEFT JOIN endpoints_endpoint rt ON rt.id = t.return_to_id
 WHERE t.dedupe_key = %(dedupe_key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """
 
@@ -203,6 +242,7 @@ def _admit_fast_pg(
     dedupe_key: str | None,
     requester: dict[str, Any],
     submitted_by_id: int | None,
+    submitter: AbstractBaseUser | None,
     actor: str,
 ) -> Admitted | None:
     now = timezone.now()
@@ -221,21 +261,29 @@ def _admit_fast_pg(
         "actor": actor,
     }
     # One statement is atomic by itself: no atomic() block, so in autocommit
-    # there is no BEGIN/COMMIT round trip, and the publish below runs at once.
+    # there is no BEGIN/COMMIT round trip, and the NOTIFY goes out at once.
     row = _execute_fast(params)
     if row is None:
         return None  # not a plain new ticket: the general path explains why
-    found_id, endpoint_id, canonical_address, deferred, existing_sha = row
-    if existing_sha is not None:  # a duplicate: one more round trip to load it
-        if existing_sha != sha:
-            raise DedupeConflict(
-                f"dedupe key {dedupe_key!r} already names ticket {found_id} with a different input",
-                ticket=str(found_id),
+    found_id, endpoint_id, canonical_address, inserted, owned = row[:5]
+    if not inserted:
+        # The ticket holding the key came back whole with the statement: a
+        # duplicate or a conflict costs no further round trip.
+        existing = _ticket_from_row(row, canonical_address)
+        visible = submitter is None or (
+            submitter.is_authenticated
+            and (
+                submitter.is_staff
+                or (
+                    existing.submitted_by_id is not None
+                    and existing.submitted_by_id == submitter.id
+                )
+                or bool(owned)
             )
-        existing = Ticket.objects.select_related("endpoint", "turn").get(id=found_id)
-        return Admitted(ticket=existing, duplicate=True)
-    if not deferred:
-        publish(RUN_TICKET, str(ticket_id))
+        )
+        return _duplicate(
+            existing, dedupe_key=dedupe_key, sha=sha, submitter=submitter, visible=visible
+        )
     ticket = Ticket(
         id=ticket_id,
         endpoint_id=endpoint_id,
@@ -248,14 +296,61 @@ def _admit_fast_pg(
         artifacts=[],
         requester=requester,
         submitted_by_id=submitted_by_id,
-        needs_dispatch=deferred,
+        needs_dispatch=True,
         obligation_state=ObligationState.OPEN,
         obligation_due_at=params["due"],
         created_at=now,
         updated_at=now,
     )
-    ticket.endpoint = Endpoint(id=endpoint_id, address=canonical_address)
+    # The endpoint as the statement read it (the ticket's own foreign key
+    # names the model: tickets never imports endpoints).
+    ticket.endpoint = Ticket.endpoint.field.related_model(id=endpoint_id, address=canonical_address)
     return Admitted(ticket=ticket, duplicate=False)
+
+
+_CONVERTERS: dict[str, list[tuple[int, Any, list]]] = {}
+
+
+def _ticket_converters(conn) -> list[tuple[int, Any, list]]:
+    """The ticket fields that convert what the database returns (JSON:
+    text to objects), with their converters: asked once per connection."""
+    found = _CONVERTERS.get(conn.alias)
+    if found is None:
+        found = [
+            (i, field, converters)
+            for i, field in enumerate(_TICKET_FIELDS)
+            if (converters := field.get_db_converters(conn))
+        ]
+        _CONVERTERS[conn.alias] = found
+    return found
+
+
+def _ticket_from_row(row: tuple, endpoint_address: str) -> Ticket:
+    """The existing ticket from the statement's duplicate branch, as the ORM
+    would load it (the fields' own converters: JSON arrives as text), with
+    its endpoint, turn and return_to as far as the payload reads them (any
+    other field of those loads on access)."""
+    turn_seq, turn_state, return_to_address = row[5:8]
+    values = list(row[8:])
+    conn = connections[connection.alias]  # not the proxy, once per row
+    for i, field, converters in _ticket_converters(conn):
+        for convert in converters:
+            values[i] = convert(values[i], field, conn)
+    alias = conn.alias
+    ticket = Ticket.from_db(alias, [f.attname for f in _TICKET_FIELDS], values)
+    endpoint_model = Ticket.endpoint.field.related_model
+    ticket.endpoint = endpoint_model.from_db(
+        alias, ["id", "address"], [ticket.endpoint_id, endpoint_address]
+    )
+    if ticket.turn_id is not None:
+        ticket.turn = Ticket.turn.field.related_model.from_db(
+            alias, ["id", "seq", "state"], [ticket.turn_id, turn_seq, turn_state]
+        )
+    if ticket.return_to_id is not None:
+        ticket.return_to = endpoint_model.from_db(
+            alias, ["id", "address"], [ticket.return_to_id, return_to_address]
+        )
+    return ticket
 
 
 def _execute_fast(params: dict[str, Any]) -> tuple | None:
@@ -291,37 +386,54 @@ def _admit_general(
     callback_for_id: uuid.UUID | None,
     rerun_of_id: uuid.UUID | None,
     submitted_by_id: int | None,
+    submitter: AbstractBaseUser | None,
     actor: str,
 ) -> Admitted:
-    endpoint = resolve_endpoint(address)
+    directory = endpoint_directory()
+    endpoint = directory.resolve(address)
+    return_to_ep = directory.resolve(return_to) if return_to else None
+    if submitter is not None:
+        # Before the dedupe lookup: a refused caller learns nothing about
+        # the tickets already there. A return_to sends the callback ticket
+        # (and the continuation the caller chose) to that endpoint: the same
+        # rule applies to it.
+        for target in (endpoint, return_to_ep):
+            if target is not None and not directory.may_submit(submitter, target):
+                raise Forbidden(f"you may not submit tickets to {target.address}")
     if dedupe_key is not None:
-        existing = _existing(endpoint, dedupe_key, sha)
+        existing = _existing(endpoint, dedupe_key, sha, submitter)
         if existing is not None:
             return existing
     depth = 0
     if parent_id is not None:
-        parent = Ticket.objects.filter(id=parent_id).only("trace_id", "depth").first()
+        parents = Ticket.objects if submitter is None else visible_tickets(submitter)
+        parent = parents.filter(id=parent_id).only("trace_id", "depth").first()
         if parent is None:
             raise NotFound(f"parent ticket {parent_id} not found")
         if trace_id is not None and trace_id != parent.trace_id:
             raise Invalid("trace_id differs from the parent's trace")
         trace_id, depth = parent.trace_id, parent.depth + 1
-    return_to_ep = resolve_endpoint(return_to) if return_to else None
-    if endpoint.state == EndpointState.QUARANTINED:
-        case = open_case_id(endpoint.id)
+    if directory.is_quarantined(endpoint):
+        case = directory.open_case_id(endpoint.id)
         raise EndpointQuarantined(
             f"endpoint {endpoint.address} is quarantined until an owner decides",
             case=str(case) if case else None,
         )
     # A re-run is an owner's decision, not new work competing for the endpoint.
-    if rerun_of_id is None and endpoint.busy_policy == BusyPolicy.REJECT and _is_busy(endpoint):
+    if rerun_of_id is None and directory.rejects_when_busy(endpoint) and _is_busy(endpoint):
         raise EndpointBusy(f"endpoint {endpoint.address} is running a turn and rejects new work")
 
     now = timezone.now()
     ticket_id = new_id()
     trace_id = trace_id or ticket_id.hex
-    # A re-run carries its original's obligation to the requester.
-    is_root = parent_id is None or rerun_of_id is not None
+    # A re-run carries its original's obligation to the requester; a child's
+    # re-run has none (it answers the waiting parent through the callback).
+    is_root = parent_id is None or (
+        rerun_of_id is not None
+        and Ticket.objects.filter(id=rerun_of_id)
+        .exclude(obligation_state=ObligationState.NONE)
+        .exists()
+    )
     try:
         with transaction.atomic():
             ticket = Ticket.objects.create(
@@ -341,6 +453,7 @@ def _admit_general(
                 callback_state=CallbackState.PENDING if return_to_ep else CallbackState.NONE,
                 requester=requester,
                 submitted_by_id=submitted_by_id,
+                needs_dispatch=True,
                 obligation_state=ObligationState.OPEN if is_root else ObligationState.NONE,
                 obligation_due_at=(
                     now + timedelta(seconds=settings.OBLIGATION_UPDATE_INTERVAL_S)
@@ -362,26 +475,55 @@ def _admit_general(
                 _check_trace(trace_id=trace_id, count=count, ticket_id=ticket_id)
             if count > settings.TRACE_HARD_LIMIT:
                 _raise_circuit_open(trace_id)
-            publish(RUN_TICKET, str(ticket_id))
+            # The ledger is the outbox: marked above, the dispatcher woken
+            # at commit (or its next poll on SQLite).
+            wake_dispatcher()
     except IntegrityError:
         # Lost the race on (endpoint, dedupe_key): the winner's row decides.
         if dedupe_key is None:
             raise
-        existing = _existing(endpoint, dedupe_key, sha)
+        existing = _existing(endpoint, dedupe_key, sha, submitter)
         if existing is None:
             raise
         return existing
     return Admitted(ticket=ticket, duplicate=False)
 
 
-def _existing(endpoint: Endpoint, dedupe_key: str, sha: str) -> Admitted | None:
+def _existing(
+    endpoint: Any, dedupe_key: str, sha: str, submitter: AbstractBaseUser | None
+) -> Admitted | None:
     # No ORDER BY (``.first()`` would add one): the lookup must go through the
     # unique (endpoint, dedupe_key) index, never an ordered scan of the
     # endpoint's tickets when statistics are stale.
     try:
-        ticket = Ticket.objects.get(endpoint=endpoint, dedupe_key=dedupe_key)
+        ticket = Ticket.objects.select_related("endpoint").get(
+            endpoint=endpoint, dedupe_key=dedupe_key
+        )
     except Ticket.DoesNotExist:
         return None
+    return _duplicate(ticket, dedupe_key=dedupe_key, sha=sha, submitter=submitter)
+
+
+def _duplicate(
+    ticket: Ticket,
+    *,
+    dedupe_key: str,
+    sha: str,
+    submitter: AbstractBaseUser | None,
+    visible: bool | None = None,
+) -> Admitted:
+    """The ticket already holding the key: returned as the duplicate when
+    the inputs match, else 409. To a submitter who may not see it, it does
+    not exist: the key is taken, and that is all the conflict says (the
+    key's namespace is the endpoint's, shared by everyone who submits).
+    ``visible``: ``may_see`` already decided by the caller (the fast path's
+    statement answers it), else asked here."""
+    if visible is None:
+        visible = submitter is None or may_see(submitter, ticket)
+    if not visible:
+        raise DedupeConflict(
+            f"dedupe key {dedupe_key!r} is already taken on {ticket.endpoint.address}"
+        )
     if ticket.input_sha256 != sha:
         raise DedupeConflict(
             f"dedupe key {dedupe_key!r} already names ticket {ticket.id} with a different input",
@@ -390,11 +532,11 @@ def _existing(endpoint: Endpoint, dedupe_key: str, sha: str) -> Admitted | None:
     return Admitted(ticket=ticket, duplicate=True)
 
 
-def _is_busy(endpoint: Endpoint) -> bool:
-    from endpoints.models import EndpointLock
-
-    held = EndpointLock.objects.filter(endpoint=endpoint, holder__isnull=False).exists()
-    return held or Ticket.objects.filter(endpoint=endpoint, state=TicketState.QUEUED).exists()
+def _is_busy(endpoint: Any) -> bool:
+    return (
+        endpoint_directory().is_locked(endpoint)
+        or Ticket.objects.filter(endpoint=endpoint, state=TicketState.QUEUED).exists()
+    )
 
 
 def _count_on_trace(*, trace_id: str, depth: int, now) -> int:

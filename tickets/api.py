@@ -2,70 +2,74 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema, Status
-from pydantic import ConfigDict
+from ninja import Field, Query, Router, Status
 
+from config import limits, tracing
 from config.errors import Invalid
-from endpoints.selectors import resolve_endpoint
+from config.schemas import Strict
 
-from . import admission, delivery, lifecycle, obligations, selectors
+from . import admission, delivery, lifecycle, obligations, selectors, waits
 from .models import TERMINAL_STATES, Ticket
+from .ports import endpoint_directory
+from .schemas import EventOut, LineageOut, TicketOut, TicketPage
 
 router = Router(tags=["tickets"])
 
 
-class Strict(Schema):
-    model_config = ConfigDict(extra="forbid")
-
-
 class ReturnToIn(Strict):
-    endpoint: str = Field(min_length=1, max_length=200)
+    endpoint: str = Field(min_length=1, max_length=limits.ADDRESS_CHARS)
     continuation: dict[str, Any] | None = None
 
 
 class RequesterIn(Strict):
-    name: str | None = Field(default=None, max_length=200)
-    webhook_url: str | None = Field(default=None, max_length=2000)
+    name: str | None = Field(default=None, max_length=limits.NAME_CHARS)
+    webhook_url: str | None = Field(default=None, max_length=limits.URL_CHARS)
     metadata: dict[str, Any] | None = None
 
 
 class TicketIn(Strict):
-    endpoint: str = Field(min_length=1, max_length=200)
+    endpoint: str = Field(min_length=1, max_length=limits.ADDRESS_CHARS)
     dedupe_key: str | None = None
     input: dict[str, Any]
     parent: uuid.UUID | None = None
     trace_id: str | None = None
     return_to: ReturnToIn | None = None
     requester: RequesterIn | None = None
-    wait_s: float | None = Field(default=None, ge=0)
+    wait_s: float | None = Field(default=None, ge=0, strict=True)  # "5" is not a number
 
 
 def actor_of(request: HttpRequest) -> str:
     return f"user:{request.user.username}"
 
 
+def visible(request: HttpRequest, ticket_id: str) -> Ticket:
+    """Every route that names a ticket starts here: a ticket the caller may
+    not see is 404, exactly like an unknown id, before anything is read or
+    changed. Seeing is enough to cancel and to acknowledge a delivery
+    (submitter, owners, staff); approving and obligations are the owners'
+    (their services answer 403 to a submitter)."""
+    return selectors.get_visible_ticket(ticket_id, user=request.user)
+
+
 def wait_for_terminal(ticket: Ticket, wait_s: float) -> Ticket:
-    """Poll the ledger until the ticket is terminal or ``wait_s`` has passed."""
-    deadline = time.monotonic() + wait_s
-    pause = 0.02
-    while ticket.state not in TERMINAL_STATES:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        time.sleep(min(pause, left))
-        pause = min(pause * 1.5, 0.5)
-        ticket = selectors.get_ticket(ticket.id)
-    return ticket
+    """Wait until the ticket is terminal or ``wait_s`` has passed: woken by
+    the NOTIFY of its terminal transition (tickets/waits.py), no polling.
+    Reads by id a ticket the caller has just been given (theirs, or one
+    admission found visible to them): no visibility check per read."""
+    if ticket.state in TERMINAL_STATES:
+        return ticket
+    return waits.wait_until_terminal(
+        ticket, wait_s, selectors.get_ticket, lambda t: t.state in TERMINAL_STATES
+    )
 
 
-@router.post("", response={200: dict, 201: dict})
+@router.post("", response={200: TicketOut, 201: TicketOut})
 def create_ticket(request: HttpRequest, payload: TicketIn):
     header_key = request.headers.get("Idempotency-Key")
     key = payload.dedupe_key
@@ -83,11 +87,11 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
         input=payload.input,
         dedupe_key=key,
         parent_id=payload.parent,
-        trace_id=payload.trace_id,
+        trace_id=tracing.admission_trace_id(request, parent=payload.parent, given=payload.trace_id),
         return_to=payload.return_to.endpoint if payload.return_to else None,
         continuation=payload.return_to.continuation if payload.return_to else None,
         requester=requester,
-        submitted_by_id=request.user.id,
+        submitter=request.user,
         actor=actor_of(request),
     )
     ticket = admitted.ticket
@@ -97,59 +101,64 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
     return Status(status, selectors.ticket_payload(ticket, duplicate=admitted.duplicate))
 
 
-@router.get("", response=dict)
+@router.get("", response=TicketPage)
 def list_tickets(
     request: HttpRequest,
     endpoint: str | None = None,
     state: str | None = None,
     trace_id: str | None = None,
-    limit: int = Query(50),
+    limit: int = Query(50, ge=1, le=selectors.MAX_PAGE),
     cursor: str | None = None,
 ):
-    endpoint_id = resolve_endpoint(endpoint).id if endpoint else None
+    endpoint_id = endpoint_directory().resolve(endpoint).id if endpoint else None
     rows, next_cursor = selectors.list_tickets(
-        endpoint_id=endpoint_id, state=state, trace_id=trace_id, limit=limit, cursor=cursor
+        user=request.user,
+        endpoint_id=endpoint_id,
+        state=state,
+        trace_id=trace_id,
+        limit=limit,
+        cursor=cursor,
     )
     return {"items": [selectors.ticket_payload(t) for t in rows], "next_cursor": next_cursor}
 
 
-@router.get("/{ticket_id}", response=dict)
+@router.get("/{ticket_id}", response=TicketOut)
 def get_ticket(request: HttpRequest, ticket_id: str):
-    return selectors.ticket_payload(selectors.get_ticket(ticket_id))
+    return selectors.ticket_payload(visible(request, ticket_id))
 
 
-@router.get("/{ticket_id}/events", response=list[dict])
+@router.get("/{ticket_id}/events", response=list[EventOut])
 def get_events(request: HttpRequest, ticket_id: str):
-    ticket = selectors.get_ticket(ticket_id)
+    ticket = visible(request, ticket_id)
     return [selectors.event_payload(e) for e in selectors.ticket_events(ticket.id)]
 
 
-@router.get("/{ticket_id}/lineage", response=dict)
+@router.get("/{ticket_id}/lineage", response=LineageOut)
 def get_lineage(request: HttpRequest, ticket_id: str):
-    return selectors.lineage(selectors.get_ticket(ticket_id))
+    return selectors.lineage(visible(request, ticket_id), user=request.user)
 
 
-@router.post("/{ticket_id}/cancel", response=dict)
+@router.post("/{ticket_id}/cancel", response=TicketOut)
 def cancel(request: HttpRequest, ticket_id: str):
-    ticket = selectors.get_ticket(ticket_id)
+    ticket = visible(request, ticket_id)
     lifecycle.cancel_ticket(ticket_id=ticket.id, actor=actor_of(request))
     return selectors.ticket_payload(selectors.get_ticket(ticket.id))
 
 
-@router.post("/{ticket_id}/approve", response=dict)
+@router.post("/{ticket_id}/approve", response=TicketOut)
 def approve(request: HttpRequest, ticket_id: str):
-    ticket = selectors.get_ticket(ticket_id)
+    ticket = visible(request, ticket_id)
     delivery.approve_ticket(ticket_id=ticket.id, user=request.user)
     return selectors.ticket_payload(selectors.get_ticket(ticket.id))
 
 
 class AckIn(Strict):
-    note: str | None = Field(default=None, max_length=2000)
+    note: str | None = Field(default=None, max_length=limits.NOTE_CHARS)
 
 
-@router.post("/{ticket_id}/delivery/ack", response=dict)
+@router.post("/{ticket_id}/delivery/ack", response=TicketOut)
 def ack_delivery(request: HttpRequest, ticket_id: str, payload: AckIn | None = None):
-    ticket = selectors.get_ticket(ticket_id)
+    ticket = visible(request, ticket_id)
     delivery.acknowledge(ticket_id=ticket.id, actor=actor_of(request))
     return selectors.ticket_payload(selectors.get_ticket(ticket.id))
 
@@ -158,24 +167,24 @@ def ack_delivery(request: HttpRequest, ticket_id: str, payload: AckIn | None = N
 
 
 class ObligationCloseIn(Strict):
-    note: str = Field(min_length=1, max_length=2000)
+    note: str = Field(min_length=1, max_length=limits.NOTE_CHARS)
 
 
 class ObligationIn(Strict):
     next_update_at: datetime | None = None
-    note: str | None = Field(default=None, max_length=2000)
+    note: str | None = Field(default=None, max_length=limits.NOTE_CHARS)
 
 
-@router.post("/{ticket_id}/obligation/close", response=dict)
+@router.post("/{ticket_id}/obligation/close", response=TicketOut)
 def close_obligation(request: HttpRequest, ticket_id: str, payload: ObligationCloseIn):
-    ticket = selectors.get_ticket(ticket_id)
+    ticket = visible(request, ticket_id)
     obligations.close_obligation(ticket_id=ticket.id, user=request.user, note=payload.note)
     return selectors.ticket_payload(selectors.get_ticket(ticket.id))
 
 
-@router.post("/{ticket_id}/obligation", response=dict)
+@router.post("/{ticket_id}/obligation", response=TicketOut)
 def update_obligation(request: HttpRequest, ticket_id: str, payload: ObligationIn):
-    ticket = selectors.get_ticket(ticket_id)
+    ticket = visible(request, ticket_id)
     obligations.update_obligation(
         ticket_id=ticket.id,
         user=request.user,

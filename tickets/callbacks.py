@@ -25,6 +25,18 @@ def callback_key(source_id: uuid.UUID) -> str:
     return f"callback:{source_id}"
 
 
+def original_of(ticket: Ticket) -> uuid.UUID:
+    """The first ticket of a re-run chain (itself when it is no re-run): the
+    child its parent knows. Its callback key is the one every re-run of it
+    answers under, so a late callback converges with the re-run's."""
+    original = ticket.id
+    rerun_of = ticket.rerun_of_id
+    while rerun_of is not None:  # a chain is as long as the owners' re-runs
+        original = rerun_of
+        rerun_of = Ticket.objects.filter(id=rerun_of).values_list("rerun_of_id", flat=True).get()
+    return original
+
+
 def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
     """Admit the one callback ticket for a terminal ``source`` with
     ``return_to``: trace, completed ticket id, response, requester metadata
@@ -47,9 +59,12 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
         existing = Callback.objects.filter(source=source).first()
         if existing is not None:
             return existing
+        original = original_of(source)
         payload = {
             "callback": {
-                "source": str(source.id),
+                # The child the parent dispatched; a re-run answers for it.
+                "source": str(original),
+                **({"answered_by": str(source.id)} if original != source.id else {}),
                 "state": source.state,
                 "result": source.result,
                 "error": source.error,
@@ -64,7 +79,7 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
                 admitted = admit_ticket(
                     endpoint=source.return_to.address,
                     input=payload,
-                    dedupe_key=callback_key(source.id),
+                    dedupe_key=callback_key(original),
                     parent_id=source.id,
                     callback_for_id=source.id,
                     requester=source.requester,

@@ -17,8 +17,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from config import observe
 from config.errors import InvalidTransition, NotFound
 
+from . import waits
 from .models import (
     TERMINAL_STATES,
     TICKET_EDGES,
@@ -28,6 +30,7 @@ from .models import (
     TicketEvent,
     TicketState,
 )
+from .ports import endpoint_directory
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +104,12 @@ def transition(
             turn_id=turn_id,
             detail=detail,
         )
+        observe.transition(  # metrics at commit; a turn's ids for the worker's log lines
+            ticket_id=ticket_id, expected=expected, to=to, kind=kind, turn_id=turn_id, fields=fields
+        )
         if to in TERMINAL_STATES:
             _on_terminal(ticket_id=ticket_id)
+            waits.notify_terminal(ticket_id)  # wakes wait_s callers at commit
     return expected
 
 
@@ -129,16 +136,31 @@ def _on_terminal(*, ticket_id: uuid.UUID) -> None:
     from . import callbacks, delivery  # noqa: PLC0415 - same app, avoids a cycle
 
     ticket = Ticket.objects.select_related("endpoint").get(id=ticket_id)
-    if ticket.return_to_id is not None and ticket.callback_state == CallbackState.PENDING:
-        callbacks.ensure_callback(source_id=ticket_id)
-    if ticket.parent_id is not None and ticket.rerun_of_id is None:
-        return
-    # Only an orphaned ticket can have been superseded by a re-run.
+    # Only an orphaned ticket can have been superseded by a re-run (admitted
+    # in the same decision, before this transition).
     rerun = (
         Ticket.objects.filter(rerun_of_id=ticket_id).values_list("id", flat=True).first()
         if ticket.state == TicketState.ORPHANED
         else None
     )
+    if ticket.return_to_id is not None and ticket.callback_state == CallbackState.PENDING:
+        if rerun is None:
+            callbacks.ensure_callback(source_id=ticket_id)
+        else:
+            # DESIGN.md flow 7: the re-run's terminal state sends the one
+            # callback for this child, under this child's key; nothing now.
+            update_fields(
+                ticket_id=ticket_id,
+                kind="callback_passed",
+                actor="recovery",
+                detail={"rerun": str(rerun)},
+                callback_state=CallbackState.NONE,
+            )
+    root_like = ticket.parent_id is None or (
+        ticket.rerun_of_id is not None and ticket.obligation_state != ObligationState.NONE
+    )
+    if not root_like:
+        return
     if rerun is None:
         delivery.on_root_terminal(ticket=ticket)
     elif ticket.obligation_state == ObligationState.OPEN:
@@ -152,9 +174,11 @@ def _on_terminal(*, ticket_id: uuid.UUID) -> None:
         )
 
 
-def cancel_ticket(*, ticket_id: uuid.UUID, actor: str) -> Ticket:
+def cancel_ticket(*, ticket_id: uuid.UUID, actor: str, reason: str = "") -> Ticket:
     """``queued | waiting -> cancelled``; a running ticket gets an interrupt
-    request and becomes cancelled when its turn is proven stopped."""
+    request and becomes cancelled when its turn is proven stopped. A
+    ``reason`` (the console asks for one) is kept in the event's detail."""
+    why = {"reason": reason} if reason else None
     with transaction.atomic():
         ticket = Ticket.objects.select_for_update().filter(id=ticket_id).first()
         if ticket is None:
@@ -166,19 +190,23 @@ def cancel_ticket(*, ticket_id: uuid.UUID, actor: str) -> Ticket:
                 to=TicketState.CANCELLED,
                 kind="cancelled",
                 actor=actor,
+                detail=why,
                 error={"code": "cancelled", "detail": f"cancelled by {actor}"},
             )
         elif ticket.state == TicketState.RUNNING:
             if ticket.cancel_requested_at is None:
-                from endpoints import runtime  # noqa: PLC0415
-
                 update_fields(
                     ticket_id=ticket_id,
                     kind="cancel_requested",
                     actor=actor,
+                    detail=why,
                     cancel_requested_at=timezone.now(),
                 )
-                runtime.request_interrupt(turn_id=ticket.turn_id, reason="cancel", actor=actor)
+                # The runtime stops the turn (tickets/ports.py: tickets never
+                # imports endpoints); the ticket is cancelled when the stop is proven.
+                endpoint_directory().request_interrupt(
+                    turn_id=ticket.turn_id, reason="cancel", actor=actor
+                )
         else:
             raise InvalidTransition(
                 f"ticket {ticket_id} is {ticket.state}: only queued, waiting or running "

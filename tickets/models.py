@@ -11,6 +11,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from config import limits
+
 from .ids import new_id
 
 
@@ -83,13 +85,13 @@ class Ticket(models.Model):
     )
     # Null when the caller gave none: NULLs never conflict, so every such
     # admission is a new ticket.
-    dedupe_key = models.CharField(max_length=255, null=True, blank=True)
+    dedupe_key = models.CharField(max_length=limits.DEDUPE_KEY_CHARS, null=True, blank=True)
     input_sha256 = models.CharField(max_length=64)
     input = models.JSONField()
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
     )
-    trace_id = models.CharField(max_length=64)
+    trace_id = models.CharField(max_length=limits.TRACE_ID_CHARS)
     depth = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=16, choices=TicketState.choices, default=TicketState.QUEUED)
     result = models.JSONField(null=True, blank=True)
@@ -121,8 +123,15 @@ class Ticket(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="callback_ticket"
     )
     requester = models.JSONField(default=dict, blank=True)
+    # Who may see the ticket (with the endpoint's owners and staff). No
+    # single-column index: ticket_submitter_id_idx leads with it.
     submitted_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
     )
     callback_state = models.CharField(
         max_length=16, choices=CallbackState.choices, default=CallbackState.NONE
@@ -165,6 +174,10 @@ class Ticket(models.Model):
             models.Index(fields=["endpoint", "-id"], name="ticket_endpoint_id_idx"),
             models.Index(fields=["state", "-id"], name="ticket_state_id_idx"),
             models.Index(fields=["trace_id", "id"], name="ticket_trace_idx"),
+            # A submitter's own tickets, newest first: the visibility filter of
+            # a caller who owns no endpoint is this index's prefix, so their
+            # ticket list stays one ordered index scan (tickets.selectors).
+            models.Index(fields=["submitted_by", "-id"], name="ticket_submitter_id_idx"),
             # Dispatch: the oldest queued ticket of an endpoint, and the
             # lost-dispatch sweep. Partial: only queued rows are indexed.
             models.Index(
@@ -249,7 +262,7 @@ class Delivery(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     ticket = models.OneToOneField(Ticket, on_delete=models.PROTECT, related_name="delivery")
     mode = models.CharField(max_length=8, choices=Mode.choices)
-    url = models.URLField(max_length=2000, blank=True, default="")
+    url = models.URLField(max_length=limits.URL_CHARS, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")

@@ -21,15 +21,16 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.utils import timezone
 
+from config import limits
 from config.errors import Forbidden, Invalid, InvalidTransition, NotFound
-from endpoints.selectors import is_owner
 
 from .lifecycle import update_fields
 from .models import ObligationState, Ticket
+from .ports import endpoint_directory
 
 log = logging.getLogger(__name__)
 
-MAX_NOTE_CHARS = 2000
+MAX_NOTE_CHARS = limits.NOTE_CHARS
 SWEEP_BATCH = 500
 
 
@@ -39,7 +40,7 @@ def _owned_open_ticket(*, ticket_id: uuid.UUID, user, doing: str) -> Ticket:
     ticket = Ticket.objects.select_for_update().filter(id=ticket_id).first()
     if ticket is None:
         raise NotFound(f"ticket {ticket_id} not found")
-    if not is_owner(user, ticket.endpoint):
+    if not endpoint_directory().is_owner(user, ticket.endpoint):
         raise Forbidden(f"only an owner of {ticket.endpoint.address} may {doing}")
     if ticket.obligation_state != ObligationState.OPEN:
         why = (

@@ -6,11 +6,12 @@ import base64
 import uuid
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from config.errors import Invalid, NotFound
 
 from .models import CallbackState, DeliveryState, Ticket, TicketEvent
+from .ports import endpoint_directory
 
 MAX_PAGE = 200
 
@@ -19,7 +20,60 @@ def iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
+# --- Who may see a ticket ---------------------------------------------------------------------
+
+
+def visible_tickets(user) -> QuerySet[Ticket]:
+    """The tickets ``user`` may see (API.md "Who may see and do what"): the
+    ones they submitted and those of the endpoints they own; staff see all.
+
+    The one place that rule lives: every list, count, trace and lookup on
+    behalf of a user starts from this queryset, so the filter runs in the
+    database and lists stay keyset-paginated. A caller who owns nothing gets
+    ``submitted_by = me``, the prefix of ticket_submitter_id_idx (one ordered
+    index scan); an owner's filter adds ``endpoint_id IN (owned)``, which the
+    (endpoint, -id) index serves.
+    """
+    if user is None or not user.is_authenticated:
+        return Ticket.objects.none()
+    owned = endpoint_directory().owned_ids(user)
+    if owned is None:  # staff
+        return Ticket.objects.all()
+    mine = Q(submitted_by_id=user.id)
+    return Ticket.objects.filter(mine | Q(endpoint_id__in=owned) if owned else mine)
+
+
+def may_see(user, ticket: Ticket) -> bool:
+    """Whether ``user`` may see this loaded ticket: the same rule as
+    ``visible_tickets`` (which decides when the answer is not obvious)."""
+    if user is None or not user.is_authenticated:
+        return False
+    if user.is_staff or (ticket.submitted_by_id is not None and ticket.submitted_by_id == user.id):
+        return True
+    return visible_tickets(user).filter(id=ticket.id).exists()
+
+
+def get_visible_ticket(ticket_id: uuid.UUID | str, *, user) -> Ticket:
+    """The ticket, if ``user`` may see it; otherwise ``NotFound``, exactly as
+    for an id that does not exist (existence must not leak)."""
+    try:
+        ticket_id = uuid.UUID(str(ticket_id))
+    except ValueError:
+        raise NotFound(f"ticket {ticket_id} not found") from None
+    ticket = (
+        visible_tickets(user)
+        .select_related("endpoint", "turn", "return_to")
+        .filter(id=ticket_id)
+        .first()
+    )
+    if ticket is None:
+        raise NotFound(f"ticket {ticket_id} not found")
+    return ticket
+
+
 def get_ticket(ticket_id: uuid.UUID | str) -> Ticket:
+    """Any ticket, for code that acts for the system (not for a caller):
+    callers' reads go through ``get_visible_ticket``."""
     try:
         ticket_id = uuid.UUID(str(ticket_id))
     except ValueError:
@@ -100,26 +154,35 @@ def decode_cursor(cursor: str) -> uuid.UUID:
         raise Invalid("cursor is not one this API returned") from None
 
 
+def _listed(user, *, endpoint_id: int | None, state: str | None, limit: int) -> QuerySet[Ticket]:
+    """What the API's list and the console's search share: the page size
+    checked, the tickets ``user`` may see, by endpoint and state."""
+    from .models import TicketState  # noqa: PLC0415
+
+    if not 1 <= limit <= MAX_PAGE:
+        raise Invalid(f"limit must be between 1 and {MAX_PAGE}")
+    qs: QuerySet[Ticket] = visible_tickets(user).select_related("endpoint", "turn", "return_to")
+    if endpoint_id is not None:
+        qs = qs.filter(endpoint_id=endpoint_id)
+    if state:
+        if state not in TicketState.values:
+            raise Invalid(f"state must be one of {', '.join(TicketState.values)}")
+        qs = qs.filter(state=state)
+    return qs
+
+
 def list_tickets(
     *,
+    user,
     endpoint_id: int | None = None,
     state: str | None = None,
     trace_id: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
 ) -> tuple[list[Ticket], str | None]:
-    """Newest first, keyset-paginated on the time-ordered id (no OFFSET, no COUNT)."""
-    if not 1 <= limit <= MAX_PAGE:
-        raise Invalid(f"limit must be between 1 and {MAX_PAGE}")
-    qs: QuerySet[Ticket] = Ticket.objects.select_related("endpoint", "turn", "return_to")
-    if endpoint_id is not None:
-        qs = qs.filter(endpoint_id=endpoint_id)
-    if state:
-        from .models import TicketState
-
-        if state not in TicketState.values:
-            raise Invalid(f"state must be one of {', '.join(TicketState.values)}")
-        qs = qs.filter(state=state)
+    """The tickets ``user`` may see, newest first, keyset-paginated on the
+    time-ordered id (no OFFSET, no COUNT)."""
+    qs = _listed(user, endpoint_id=endpoint_id, state=state, limit=limit)
     if trace_id:
         qs = qs.filter(trace_id=trace_id)
     if cursor:
@@ -145,9 +208,12 @@ def ticket_events(ticket_id: uuid.UUID) -> list[TicketEvent]:
     return list(TicketEvent.objects.filter(ticket_id=ticket_id).order_by("id"))
 
 
-def lineage(ticket: Ticket) -> dict[str, Any]:
+def lineage(ticket: Ticket, *, user) -> dict[str, Any]:
+    """The trace's tickets that ``user`` may see (a trace shows only those);
+    ``root`` is the trace's root if it is one of them, else None."""
     nodes = list(
-        Ticket.objects.filter(trace_id=ticket.trace_id)
+        visible_tickets(user)
+        .filter(trace_id=ticket.trace_id)
         .select_related("endpoint")
         .order_by("id")
         .only("id", "parent_id", "endpoint__address", "state", "depth", "trace_id")
@@ -167,3 +233,125 @@ def lineage(ticket: Ticket) -> dict[str, Any]:
             for n in nodes
         ],
     }
+
+
+# --- Search (the console's one box) ---------------------------------------------------------------
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _uuid7_floor(moment) -> uuid.UUID:
+    """The smallest UUIDv7 of ``moment``'s millisecond: ids are time-ordered
+    (``tickets.ids.new_id``), so a time range is an id range on the primary key."""
+    return uuid.UUID(int=int(moment.timestamp() * 1000) << 80)
+
+
+def id_fragment(text: str) -> str | None:
+    """``text`` as a piece of a ticket id (lower-case hex, dashes kept where
+    typed), or None if it cannot be one. The pages show the id's last eight
+    characters after an ellipsis (``…36ada1f2``): the ellipsis is dropped."""
+    text = text.strip().strip("…").strip(".").lower()
+    if len(text) < 4 or not set(text) <= _HEX | {"-"}:
+        return None
+    return text
+
+
+def find_tickets(
+    *,
+    user,
+    q: str = "",
+    endpoint_id: int | None = None,
+    state: str | None = None,
+    delivery_state: str | None = None,
+    since=None,
+    until=None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> tuple[list[Ticket], str | None]:
+    """``list_tickets`` with the console's search box and filters: ``q`` finds
+    a ticket by full or partial id (a head or a tail, as the pages print it),
+    dedupe key or trace id. Each way of matching is its own index-served
+    query (the primary key, the id-tail index, ``(endpoint, dedupe_key)``,
+    ``(trace_id, id)``), each cut at ``limit + 1``, merged newest first: no
+    OR across indexes for the planner to turn into a scan, no COUNT.
+    ``since``/``until`` (aware datetimes) are an id range: ids are UUIDv7."""
+    from django.db import connection  # noqa: PLC0415
+
+    base = _listed(user, endpoint_id=endpoint_id, state=state, limit=limit)
+    if delivery_state:
+        if delivery_state not in DeliveryState.values:
+            raise Invalid(f"delivery must be one of {', '.join(DeliveryState.values)}")
+        base = base.filter(delivery_state=delivery_state)
+    if since is not None:
+        base = base.filter(id__gte=_uuid7_floor(since))
+    if until is not None:
+        base = base.filter(id__lt=_uuid7_floor(until))
+    if cursor:
+        base = base.filter(id__lt=decode_cursor(cursor))
+    q = q.strip()
+    if not q:
+        branches = [base]
+    else:
+        branches = [base.filter(trace_id=q)]
+        # Every endpoint's id, read through the ticket's foreign key (tickets
+        # never imports endpoints: tickets/ports.py).
+        endpoints = Ticket._meta.get_field("endpoint").related_model
+        endpoint_ids = list(endpoints.objects.values_list("id", flat=True))
+        # The unique (endpoint, dedupe_key) index serves "endpoint IN (all) AND key = q".
+        branches.append(base.filter(endpoint_id__in=endpoint_ids, dedupe_key=q))
+        fragment = id_fragment(q)
+        if fragment is not None:
+            try:
+                branches.append(base.filter(id=uuid.UUID(fragment)))
+            except ValueError:
+                bare = fragment.replace("-", "")
+                if bare and len(bare) < 32:
+                    # A head: the id range it opens (the primary key).
+                    low = uuid.UUID(bare.ljust(32, "0"))
+                    high = uuid.UUID(bare.ljust(32, "f"))
+                    branches.append(base.filter(id__gte=low, id__lte=high))
+                if connection.vendor == "postgresql":
+                    # A tail: reverse(id::text) LIKE 'liat%' on ticket_id_tail_idx
+                    # (console migration 0002). Typed with its dashes or without.
+                    tail = fragment if "-" in fragment else _dashed_tail(fragment)
+                    branches.append(
+                        base.extra(  # noqa: S610 - a parameter, not SQL text
+                            where=["reverse(tickets_ticket.id::text) LIKE %s"],
+                            params=[tail[::-1] + "%"],
+                        )
+                    )
+                else:  # SQLite keeps a uuid as 32 hex characters: a scan, but small
+                    branches.append(base.filter(id__endswith=fragment.replace("-", "")))
+    found: dict[uuid.UUID, Ticket] = {}
+    for branch in branches:
+        for ticket in branch.order_by("-id")[: limit + 1]:
+            found[ticket.id] = ticket
+    rows = sorted(found.values(), key=lambda t: t.id, reverse=True)[: limit + 1]
+    next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def _dashed_tail(bare: str) -> str:
+    """A tail typed without dashes, with the dashes of the canonical form
+    (8-4-4-4-12) put back, so it matches ``id::text``."""
+    groups = [8, 4, 4, 4, 12]
+    out, remaining = [], bare
+    for size in reversed(groups):
+        if not remaining:
+            break
+        out.append(remaining[-size:])
+        remaining = remaining[:-size]
+    return "-".join(reversed(out))
+
+
+def awaiting_approval(*, user, limit: int = 20) -> tuple[list[Ticket], bool]:
+    """The newest tickets the user may see whose delivery waits for an
+    owner's approval, and whether there are more than ``limit``
+    (ticket_delivery_idx, console migration 0002, serves it)."""
+    rows = list(
+        visible_tickets(user)
+        .filter(delivery_state=DeliveryState.AWAITING_APPROVAL)
+        .select_related("endpoint", "turn", "return_to")
+        .order_by("-id")[: limit + 1]
+    )
+    return rows[:limit], len(rows) > limit

@@ -7,22 +7,48 @@ import uuid
 
 from celery import shared_task
 
+from config import observe
 from config.dispatch import DELIVER
+from health.services import sweep_run, tolerate_transient
 
 from . import callbacks, delivery, obligations
 
 
 @shared_task(name=DELIVER, ignore_result=True)
 def deliver(delivery_id: str) -> None:
-    delivery.send(delivery_id=uuid.UUID(delivery_id))
+    # An outage skips the attempt; the delivery stays due and the sweep sends it.
+    with tolerate_transient(f"delivery {delivery_id}"):
+        observe.delivery_attempt(delivery.send(delivery_id=uuid.UUID(delivery_id)))
 
 
 @shared_task(name="tickets.sweep_deliveries", ignore_result=True)
 def sweep_deliveries() -> None:
-    delivery.sweep_due_deliveries()
+    with sweep_run("deliveries"):
+        observe.swept("deliveries", delivery.sweep_due_deliveries())
 
 
 @shared_task(name="tickets.sweep_obligations", ignore_result=True)
 def sweep_obligations() -> None:
-    obligations.sweep_overdue()
-    callbacks.retry_pending_callbacks()
+    with sweep_run("obligations"):
+        overdue = obligations.sweep_overdue()
+        retried = callbacks.retry_pending_callbacks()
+        observe.swept("obligations", {"overdue": len(overdue), "callbacks": retried})
+
+
+@shared_task(name="tickets.prune_ledger", ignore_result=True)
+def prune_ledger() -> None:
+    """Beat's daily retention run when RETENTION_DAYS is set."""
+    from django.conf import settings  # noqa: PLC0415
+
+    from . import retention  # noqa: PLC0415
+
+    if not settings.RETENTION_DAYS:
+        return
+    with tolerate_transient("retention"), observe.sweep("retention"):
+        report = retention.prune(
+            older_than_days=settings.RETENTION_DAYS, batch=settings.RETENTION_BATCH
+        )
+        observe.swept(
+            "retention",
+            {"pruned_traces": report.counts["traces"], "pruned_tickets": report.counts["tickets"]},
+        )

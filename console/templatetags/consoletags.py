@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -97,3 +98,81 @@ def seconds(value: Any) -> str:
     if value is None:
         return "—"
     return f"{float(value):g} s"
+
+
+@register.filter
+def indent(level: Any) -> str:
+    """A tree row's depth as spacer elements (no inline style: the CSP forbids it)."""
+    try:
+        count = max(0, min(int(level), 64))
+    except (TypeError, ValueError):
+        count = 0
+    return mark_safe('<span class="indent" aria-hidden="true"></span>' * count)  # noqa: S308
+
+
+@register.simple_tag
+def poll_every(seconds: int) -> str:
+    """The ``hx-trigger`` of a live region: ``every Ns``. The optional
+    ``CONSOLE_REFRESH_S`` setting overrides every page's period (the browser
+    tests shorten it); console.js skips a poll while refresh is paused."""
+    from django.conf import settings  # noqa: PLC0415
+
+    override = getattr(settings, "CONSOLE_REFRESH_S", None)
+    return f"every {override or seconds}s"
+
+
+_ISO_IN_TEXT = re.compile(
+    r"\b(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})(?:\.\d+)?(Z|[+-]\d{2}:\d{2})?"
+)
+
+
+@register.filter
+def utc_text(value: Any) -> str:
+    """Free text (a quarantine reason, a note) with every ISO timestamp in it
+    printed as the console prints times: ``YYYY-MM-DD HH:MM:SSZ`` in UTC."""
+    if value in (None, ""):
+        return ""
+
+    def one(match: re.Match) -> str:
+        try:
+            moment = datetime.fromisoformat(match.group(0).replace("Z", "+00:00"))
+        except ValueError:
+            return match.group(0)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+    return _ISO_IN_TEXT.sub(one, str(value))
+
+
+@register.filter
+def idtail(value: Any) -> str:
+    """Plain text of an id as ``shortid`` prints it (``…36ada1f2``), for
+    titles and sentences; the search box finds a ticket by it."""
+    full = "" if value is None else str(value)
+    return "…" + full[-8:] if _is_uuid(full) and len(full) > 9 else full
+
+
+def _span(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} m {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} m"
+
+
+@register.simple_tag
+def duration(start: Any, end: Any = None, *, live: str = "so far") -> str:
+    """How long from ``start`` to ``end``; with no end yet, until now and
+    marked ``so far``. Empty start: a dash."""
+    if not start:
+        return NONE
+    until = end or timezone.now()
+    text = _span(max(0.0, (until - start).total_seconds()))
+    if end is None:
+        return format_html('{} <span class="muted">{}</span>', text, live)
+    return text

@@ -18,3 +18,242 @@
     notice("The console could not reach the server; the page shows what it last knew.");
   });
 })();
+
+// Live refresh (issue 13): a poll never discards a form in progress, can be
+// paused (remembered in localStorage), and the top bar says when the page
+// last heard from the server. A poll is a request from an element whose
+// hx-trigger is "every Ns"; anything the user asked for swaps as usual.
+(function () {
+  var KEY = "claimcheck.liveRefresh";
+  var saved = {}; // region id -> dirty controls and focus, between beforeSwap and afterSwap
+
+  function isPaused() {
+    try { return window.localStorage.getItem(KEY) === "paused"; } catch (e) { return false; }
+  }
+  function setPaused(paused) {
+    try { window.localStorage.setItem(KEY, paused ? "paused" : "on"); } catch (e) { /* private mode */ }
+    showToggle();
+  }
+  function showToggle() {
+    var button = document.getElementById("live-toggle");
+    if (!button) return;
+    var paused = isPaused();
+    button.setAttribute("aria-pressed", paused ? "false" : "true");
+    button.textContent = paused ? "Live refresh: paused" : "Live refresh: on";
+  }
+  function stamp() {
+    var at = document.getElementById("live-updated-at");
+    if (!at) return;
+    var now = new Date().toISOString();
+    at.setAttribute("datetime", now);
+    at.textContent = now.slice(11, 19) + "Z";
+  }
+  function isPoll(elt) {
+    var trigger = elt && elt.getAttribute && elt.getAttribute("hx-trigger");
+    return !!trigger && /(^|,)\s*every\s/.test(trigger);
+  }
+
+  function isDirty(el) {
+    if (el.type === "checkbox" || el.type === "radio") return el.checked !== el.defaultChecked;
+    if (el.tagName === "SELECT") {
+      for (var i = 0; i < el.options.length; i++) {
+        if (el.options[i].selected !== el.options[i].defaultSelected) return true;
+      }
+      return false;
+    }
+    if (/^(hidden|submit|button|reset|image|file)$/.test(el.type)) return false;
+    return el.value !== el.defaultValue;
+  }
+  function selectorFor(el) {
+    if (el.id) return "#" + CSS.escape(el.id);
+    if (!el.name) return null;
+    var s = el.tagName.toLowerCase() + '[name="' + CSS.escape(el.name) + '"]';
+    if (el.type === "checkbox" || el.type === "radio") s += '[value="' + CSS.escape(el.value) + '"]';
+    return s;
+  }
+  function capture(region) {
+    var controls = [];
+    region.querySelectorAll("input, textarea, select").forEach(function (el) {
+      var selector = selectorFor(el);
+      if (!selector || !isDirty(el)) return;
+      var item = { selector: selector, type: el.type, value: el.value, checked: el.checked };
+      if (el.tagName === "SELECT") {
+        item.selected = Array.prototype.filter.call(el.options, function (o) { return o.selected; })
+          .map(function (o) { return o.value; });
+      }
+      controls.push(item);
+    });
+    var focus = null, active = document.activeElement;
+    if (active && region.contains(active) && selectorFor(active)) {
+      focus = { selector: selectorFor(active), start: null, end: null };
+      try { focus.start = active.selectionStart; focus.end = active.selectionEnd; } catch (e) { /* not text */ }
+    }
+    return { controls: controls, focus: focus };
+  }
+  function restore(region, state) {
+    state.controls.forEach(function (item) {
+      var el = region.querySelector(item.selector);
+      if (!el) return;
+      if (item.type === "checkbox" || item.type === "radio") el.checked = item.checked;
+      else if (item.selected) Array.prototype.forEach.call(el.options, function (o) { o.selected = item.selected.indexOf(o.value) >= 0; });
+      else el.value = item.value;
+    });
+    if (state.focus) {
+      var el = region.querySelector(state.focus.selector);
+      if (el) {
+        el.focus({ preventScroll: true });
+        try { if (state.focus.start !== null) el.setSelectionRange(state.focus.start, state.focus.end); } catch (e) { /* not text */ }
+      }
+    }
+  }
+  function hold(region, held) {
+    region.classList.toggle("held", held);
+    var note = document.getElementById("live-updated");
+    if (note) note.dataset.held = held ? "true" : "";
+  }
+
+  // beforeRequest names the element that asked; later events name the
+  // target, so the request itself carries the mark.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var poll = isPoll(event.detail.elt);
+    if (poll && isPaused()) { event.preventDefault(); return; }
+    if (event.detail.xhr) event.detail.xhr.claimcheckPoll = poll;
+  });
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var region = event.detail.target;
+    if (!event.detail.xhr || !event.detail.xhr.claimcheckPoll || !region || !region.id) return;
+    var state = capture(region);
+    if (!state.controls.length && !state.focus) return;
+    // Would every dirty control find its place in the new content? If not
+    // (the form is gone: the ticket finished, the row left the page), hold
+    // this refresh rather than lose what was typed.
+    var incoming = document.createElement("template");
+    incoming.innerHTML = event.detail.serverResponse || "";
+    var missing = state.controls.some(function (item) {
+      return !incoming.content.querySelector(item.selector);
+    });
+    if (missing) {
+      event.detail.shouldSwap = false;
+      hold(region, true);
+      stamp();
+      return;
+    }
+    saved[region.id] = state;
+  });
+  document.addEventListener("htmx:afterSwap", function (event) {
+    Object.keys(saved).forEach(function (id) {
+      var region = document.getElementById(id);
+      if (region) { restore(region, saved[id]); hold(region, false); }
+      delete saved[id];
+    });
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (event.detail.xhr && event.detail.xhr.claimcheckPoll && event.detail.successful) stamp();
+  });
+  document.addEventListener("DOMContentLoaded", function () {
+    showToggle();
+    stamp();
+    var button = document.getElementById("live-toggle");
+    if (button) button.addEventListener("click", function () { setPaused(!isPaused()); });
+  });
+  window.claimcheckLive = { toggle: function () { setPaused(!isPaused()); } };
+})();
+
+// Confirmations that say what will happen; copy buttons for full ids.
+(function () {
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form.hasAttribute || !form.hasAttribute("data-confirm-bulk")) return;
+    // Back to the list as it is now (filters change the URL without a reload).
+    if (form.elements.next) form.elements.next.value = window.location.pathname + window.location.search;
+    var picked = document.querySelectorAll('input[name="ticket"][form="' + form.id + '"]:checked').length;
+    var action = form.elements.action.value;
+    var reason = form.elements.reason.value.trim();
+    if (!picked) {
+      event.preventDefault();
+      window.alert("Select at least one ticket first.");
+      return;
+    }
+    if (!action || !reason) return; // the browser's own required-field check says why
+    var what = action === "approve"
+      ? "Approve " + picked + " ticket(s): each result is released for delivery to its requester."
+      : "Cancel " + picked + " ticket(s): queued or waiting ones are cancelled now, running ones are asked to stop.";
+    if (!window.confirm(what + " Tickets that cannot be " + (action === "approve" ? "approved" : "cancelled") +
+        " are refused one by one. Reason recorded: \u201c" + reason + "\u201d")) {
+      event.preventDefault();
+    }
+  });
+
+  function addCopyButtons(root) {
+    root.querySelectorAll(".id-full:not([data-copy-ready])").forEach(function (code) {
+      code.setAttribute("data-copy-ready", "");
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "copy";
+      button.textContent = "Copy";
+      button.setAttribute("aria-label", "Copy " + code.textContent.trim());
+      button.addEventListener("click", function () {
+        var text = code.textContent.trim();
+        if (navigator.clipboard) {
+          navigator.clipboard.writeText(text).then(function () { button.textContent = "Copied"; });
+        }
+      });
+      code.insertAdjacentElement("afterend", button);
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { addCopyButtons(document); });
+  document.addEventListener("htmx:afterSettle", function (event) { addCopyButtons(event.detail.elt || document); });
+})();
+
+// Keyboard shortcuts: "/" search, j/k rows, Enter open, g d dashboard,
+// g t tickets, p pause, ? this list (the dialog in base.html).
+(function () {
+  var pendingG = 0, current = -1;
+  function rows() {
+    return Array.prototype.filter.call(document.querySelectorAll("main table.grid tbody tr"), function (tr) {
+      return tr.querySelector("a");
+    });
+  }
+  function move(step) {
+    var list = rows();
+    if (!list.length) return;
+    list.forEach(function (tr) { tr.classList.remove("current"); });
+    current = Math.max(0, Math.min(list.length - 1, current + step));
+    list[current].classList.add("current");
+    list[current].scrollIntoView({ block: "nearest" });
+    list[current].querySelector("a").focus({ preventScroll: true });
+  }
+  function go(url) { if (url) window.location.assign(url); }
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    var t = event.target;
+    if (t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName))) return;
+    var body = document.body, key = event.key;
+    if (pendingG && Date.now() - pendingG < 1500) {
+      pendingG = 0;
+      if (key === "d") { event.preventDefault(); go(body.dataset.dashboardUrl); return; }
+      if (key === "t") { event.preventDefault(); go(body.dataset.ticketsUrl); return; }
+    }
+    if (key === "g") { pendingG = Date.now(); return; }
+    if (key === "/") {
+      event.preventDefault();
+      var search = document.getElementById("search");
+      if (search) search.focus(); else go(body.dataset.ticketsUrl + "#search");
+    } else if (key === "j") { move(1); }
+    else if (key === "k") { move(-1); }
+    else if (key === "p" && window.claimcheckLive) { window.claimcheckLive.toggle(); }
+    else if (key === "?") {
+      var dialog = document.getElementById("shortcuts");
+      if (dialog && !dialog.open) dialog.showModal();
+    }
+  });
+  document.addEventListener("DOMContentLoaded", function () {
+    if (window.location.hash === "#search") {
+      var search = document.getElementById("search");
+      if (search) search.focus();
+    }
+    var help = document.getElementById("help-toggle");
+    var dialog = document.getElementById("shortcuts");
+    if (help && dialog) help.addEventListener("click", function () { dialog.showModal(); });
+  });
+})();

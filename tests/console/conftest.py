@@ -24,5 +24,13 @@ def member(db, django_user_model):
 
 
 @pytest.fixture
+def viewer(db, django_user_model):
+    """Logged in as staff: sees every ticket and case, for the tests that
+    look at how pages draw them (tests/test_authorization.py checks who
+    sees what)."""
+    return django_user_model.objects.create_user("vera", password="pw-vera-1", is_staff=True)
+
+
+@pytest.fixture
 def echo(db):
     return echo_endpoint("con.echo")

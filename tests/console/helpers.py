@@ -33,10 +33,10 @@ def quarantined_case(address: str) -> RecoveryCase:
     return RecoveryCase.objects.select_related("endpoint", "turn", "ticket").get(id=case_id)
 
 
-def finished_gated_ticket(address: str):
+def finished_gated_ticket(address: str, submitter=None):
     """A root ticket run to success on an endpoint that requires approval:
     its pull delivery waits for an owner (``awaiting_approval``)."""
     echo_endpoint(address, requires_approval=True)
-    ticket = admit_ticket(endpoint=address, input={"q": "approve me"}).ticket
+    ticket = admit_ticket(endpoint=address, input={"q": "approve me"}, submitter=submitter).ticket
     runtime.run_ticket(ticket_id=ticket.id)
     return Ticket.objects.select_related("endpoint").get(id=ticket.id)

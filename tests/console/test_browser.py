@@ -50,14 +50,44 @@ def browser():
             chromium.close()
 
 
+# Report every Content-Security-Policy violation to the console, where the
+# page fixture collects it (Chromium also logs its own "Refused to ..." line).
+CSP_REPORTER = """
+document.addEventListener("securitypolicyviolation", (e) => {
+  console.error("CSP violation: " + e.violatedDirective + " blocked " + (e.blockedURI || "inline"));
+});
+"""
+
+
+def is_csp_violation(text: str) -> bool:
+    return "Content Security Policy" in text or text.startswith("CSP violation")
+
+
 @pytest.fixture
 def page(browser, live_server):
     context = browser.new_context(viewport={"width": 1440, "height": 1000})
     context.set_default_timeout(10_000)
+    context.add_init_script(CSP_REPORTER)
+    # The console and the API docs work offline: nothing may be fetched from
+    # anywhere but the app itself.
+    outside: list[str] = []
+
+    def local_only(route):
+        if route.request.url.startswith(live_server.url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", local_only)
     page = context.new_page()
+    violations: list[str] = []
+    page.on("console", lambda msg: is_csp_violation(msg.text) and violations.append(msg.text))
     yield page
     context.close()
     purge_broker()  # admissions published dispatches that no worker will take
+    assert not violations, "Content-Security-Policy violations:\n" + "\n".join(violations)
+    assert not outside, f"requests outside the app: {outside}"
 
 
 def shot(page, name: str) -> None:
@@ -74,6 +104,9 @@ def log_in(page, live_server, path: str, username: str, password: str) -> None:
     page.get_by_label("Password").fill(password)
     page.get_by_role("button", name="Log in").click()
     expect(page).to_have_url(f"{live_server.url}{path}")
+    # The console's scripts are deferred: they have run (keyboard shortcuts,
+    # live refresh) once the document has fired DOMContentLoaded.
+    page.wait_for_load_state("domcontentloaded")
 
 
 def mark_document(page) -> None:
@@ -90,7 +123,8 @@ def test_operator_filters_tickets_opens_one_and_follows_its_trace(page, live_ser
     echo_endpoint("web.echo")
     root = admit_ticket(endpoint="web.echo", input={"brief": "weekly"}).ticket
     child = admit_ticket(endpoint="web.echo", input={"part": 1}, parent_id=root.id).ticket
-    create_owner(username="olive", password=PASSWORD, endpoints=["web.stuck"])
+    # An owner of both endpoints sees all of these tickets.
+    create_owner(username="olive", password=PASSWORD, endpoints=["web.stuck", "web.echo"])
 
     log_in(page, live_server, "/tickets/", "olive", PASSWORD)
     table = page.locator("#tickets")
@@ -195,3 +229,13 @@ def test_owner_approves_a_gated_result_in_place(page, live_server):
     expect(delivery).to_contain_text("by gus")
     expect(page.get_by_role("button", name="Approve result")).to_have_count(0)
     assert_not_reloaded(page)
+
+
+def test_api_docs_render_offline_under_the_csp(page, live_server):
+    """Swagger UI's JS and CSS come from the app's own static files: the page
+    renders with every outside request refused and no CSP violation."""
+    page.goto(f"{live_server.url}/api/v1/docs")
+    # Generous: the first openapi.json of a process builds the whole schema.
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Claimcheck", timeout=30_000)
+    expect(page.locator(".opblock-summary-path", has_text="/api/v1/tickets").first).to_be_visible()
+    shot(page, "api-docs")

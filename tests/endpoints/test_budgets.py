@@ -8,9 +8,11 @@ import sys
 import textwrap
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connections
+from django.utils import timezone
 
 from endpoints import runtime
 from endpoints.models import Endpoint, EndpointLock, Turn
@@ -177,8 +179,8 @@ def _past_grace(turn):
 
     def elapsed():
         t = Turn.objects.select_related("endpoint").get(id=turn.id)
-        grace = runtime.timedelta(seconds=t.endpoint.interrupt_grace_s)
-        return runtime.timezone.now() > t.interrupt_requested_at + grace
+        grace = timedelta(seconds=t.endpoint.interrupt_grace_s)
+        return timezone.now() > t.interrupt_requested_at + grace
 
     wait_for(elapsed, timeout=5, message="the grace period to run out")
 
@@ -205,7 +207,7 @@ def _concurrently(fn, n=2):
 def test_two_concurrent_sweeps_make_one_interrupt_and_one_case(make_endpoint):
     turn = _running_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
     wait_for(
-        lambda: runtime.timezone.now() > Turn.objects.get(id=turn.id).deadline_at,
+        lambda: timezone.now() > Turn.objects.get(id=turn.id).deadline_at,
         message="the deadline to pass",
     )
     for _ in range(3):

@@ -1,7 +1,10 @@
-"""One broker message per turn, and no ticket left behind: admission
-publishes only when the endpoint's lock is free; a ticket whose message is
-used up without starting it is marked, and the next release publishes it.
-Real PostgreSQL and real Redis (no worker: the queue is counted)."""
+"""One broker message per turn, and no ticket left behind: admission marks
+every new ticket as owing a dispatch; the dispatcher's pass
+(``runtime.dispatch_owed``, called here in place of the dispatcher thread)
+publishes the oldest owed ticket of each free endpoint; a ticket whose
+message is used up without starting it is marked again, and the next release
+publishes the oldest marked one. Real PostgreSQL and real Redis (no worker:
+the queue is counted)."""
 
 from __future__ import annotations
 
@@ -36,11 +39,16 @@ def test_admissions_behind_a_held_lock_publish_nothing_until_the_release(make_en
     purge_broker()
     make_endpoint("one")
     first = admit_ticket(endpoint="one", input={"n": 0}).ticket
+    assert broker_queue_length("turns") == 0  # admission never publishes
+    assert marked("one") == [first.id]
+    assert runtime.dispatch_owed() == [first.id]
     assert broker_queue_length("turns") == 1
+    assert runtime.dispatch_owed() == []  # unmarked: nothing owed twice
     started = runtime.start_turn(ticket_id=first.id)  # as the worker would
     assert started is not None
     queued = [admit_ticket(endpoint="one", input={"n": i}).ticket for i in (1, 2, 3)]
-    assert broker_queue_length("turns") == 1  # nothing new: the lock is held
+    assert runtime.dispatch_owed() == []  # the lock is held: the release will publish
+    assert broker_queue_length("turns") == 1
     assert marked("one") == [t.id for t in queued]
     succeed(started)
     # The release published the oldest marked ticket, and only that one.
@@ -59,10 +67,14 @@ def test_a_release_publishes_the_marked_ticket_not_one_with_a_message_in_flight(
     (b, whose own message is still in flight) and strand c."""
     purge_broker()
     make_endpoint("two")
+    # Each admitted and dispatched while the lock is free: three messages.
     a = admit_ticket(endpoint="two", input={"n": "a"}).ticket
+    assert runtime.dispatch_owed() == [a.id]
     b = admit_ticket(endpoint="two", input={"n": "b"}).ticket
+    assert runtime.dispatch_owed() == [b.id]
     c = admit_ticket(endpoint="two", input={"n": "c"}).ticket
-    assert broker_queue_length("turns") == 3  # all three saw a free lock
+    assert runtime.dispatch_owed() == [c.id]
+    assert broker_queue_length("turns") == 3
     started = runtime.start_turn(ticket_id=a.id)
     assert runtime.start_turn(ticket_id=c.id) is None  # c's message came first and bounced
     assert marked("two") == [c.id]
@@ -96,5 +108,18 @@ def test_a_release_with_nothing_marked_publishes_nothing(make_endpoint):
     purge_broker()
     make_endpoint("four")
     a = admit_ticket(endpoint="four", input={}).ticket
+    assert runtime.dispatch_owed() == [a.id]
     runtime.run_ticket(ticket_id=a.id)
-    assert broker_queue_length("turns") == 1  # only a's own admission message
+    assert runtime.dispatch_owed() == []
+    assert broker_queue_length("turns") == 1  # only a's own message
+
+
+def test_one_pass_publishes_one_owed_ticket_per_free_endpoint(make_endpoint):
+    purge_broker()
+    make_endpoint("five")
+    make_endpoint("six")
+    five = [admit_ticket(endpoint="five", input={"n": i}).ticket for i in range(3)]
+    six = admit_ticket(endpoint="six", input={}).ticket
+    assert sorted(runtime.dispatch_owed()) == sorted([five[0].id, six.id])
+    assert marked("five") == [five[1].id, five[2].id]
+    assert broker_queue_length("turns") == 2

@@ -75,8 +75,7 @@ def test_queued_tickets_whose_messages_were_lost_still_complete(celery_procs, ma
     make_endpoint("lost", path="endpoints.demo.echo")
     ids = [admit_ticket(endpoint="lost", input={"n": i}).ticket.id for i in range(5)]
     purge_broker()  # the broker forgot every dispatch message
-    celery_procs.worker()
-    celery_procs.beat()
+    celery_procs.worker_and_beat()
     wait_for(terminal(ids), timeout=40, message="re-dispatched tickets to finish")
     assert set(Ticket.objects.filter(id__in=ids).values_list("state", flat=True)) == {"succeeded"}
 
@@ -87,11 +86,14 @@ class Agent:
     def __init__(self):
         self.envelopes: list[dict] = []
         self.cancels: list[dict] = []
+        self.authorization: list[str | None] = []
         agent = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/cancel":
+                    agent.authorization.append(self.headers.get("Authorization"))
                 (agent.cancels if self.path == "/cancel" else agent.envelopes).append(body)
                 self.send_response(202)
                 self.end_headers()
@@ -109,13 +111,23 @@ class Agent:
 
 
 @pytest.fixture
-def agent():
+def agent(settings, monkeypatch):
+    # The agent listens on loopback: the outbound URL policy refuses it unless
+    # the operator lists the host, here and in the worker, which checks it
+    # again when it sends (so the worker must start after this fixture).
+    settings.DELIVERY_ALLOWED_HOSTS = ["127.0.0.1"]
+    monkeypatch.setenv("DELIVERY_ALLOWED_HOSTS", "127.0.0.1")
     a = Agent()
     yield a
     a.close()
 
 
-def test_stale_seq_is_refused_and_changes_nothing(worker, make_endpoint, api, agent):
+def as_turn(api, envelope):
+    """The turn API as the agent calls it: with the turn's own token."""
+    return api.as_key(envelope["turn"]["token"])
+
+
+def test_stale_seq_is_refused_and_changes_nothing(agent, worker, make_endpoint, api):
     make_endpoint(
         "remote",
         runner={"kind": "http", "url": f"{agent.url}/turn", "cancel_url": f"{agent.url}/cancel"},
@@ -125,25 +137,32 @@ def test_stale_seq_is_refused_and_changes_nothing(worker, make_endpoint, api, ag
     env = agent.envelopes[0]
     turn_id, seq = env["turn"]["id"], env["turn"]["seq"]
     assert env["ticket"]["id"] == str(ticket.id)
+    # The credential arrives in the body and as the request's Authorization.
+    assert agent.authorization == [f"Bearer {env['turn']['token']}"]
+    turn_api = as_turn(api, env)
     before = Ticket.objects.get(id=ticket.id)
 
-    hb = api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq})
+    # A user's key, even staff's, cannot speak for the turn.
+    refused = api.post(f"/turns/{turn_id}/result", {"seq": seq, "result": {"forged": True}})
+    assert refused.status_code == 403 and refused.json()["error"] == "forbidden"
+
+    hb = turn_api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq})
     assert hb.status_code == 200 and hb.json()["interrupt_requested"] is False
 
-    stale = api.post(f"/turns/{turn_id}/result", {"seq": seq + 7, "result": {"forged": True}})
+    stale = turn_api.post(f"/turns/{turn_id}/result", {"seq": seq + 7, "result": {"forged": True}})
     assert stale.status_code == 409 and stale.json()["error"] == "stale_turn"
     after = Ticket.objects.get(id=ticket.id)
     assert (after.state, after.result, after.version) == ("running", None, before.version)
     assert TicketEvent.objects.filter(ticket=ticket, kind="stale_outcome").count() == 1
-    assert api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq - 1}).status_code == 409
+    assert turn_api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq - 1}).status_code == 409
 
-    ok = api.post(f"/turns/{turn_id}/result", {"seq": seq, "result": {"answer": 42}})
+    ok = turn_api.post(f"/turns/{turn_id}/result", {"seq": seq, "result": {"answer": 42}})
     assert ok.status_code == 200, ok.content
     done = api.get(f"/tickets/{ticket.id}").json()
     assert done["state"] == "succeeded" and done["result"] == {"answer": 42}
     assert done["turn"] == {"id": turn_id, "seq": seq, "state": "completed"}
     # The same result again is now late: refused, nothing changes.
-    again = api.post(f"/turns/{turn_id}/result", {"seq": seq, "result": {"answer": 43}})
+    again = turn_api.post(f"/turns/{turn_id}/result", {"seq": seq, "result": {"answer": 43}})
     assert again.status_code == 409
     assert Ticket.objects.get(id=ticket.id).result == {"answer": 42}
 
@@ -282,7 +301,7 @@ def test_cancel_queued_running_and_finished(worker, api, make_endpoint):
 
 
 def test_http_agent_is_asked_to_stop_and_its_receipt_is_the_evidence(
-    worker, make_endpoint, api, agent
+    agent, worker, make_endpoint, api
 ):
     make_endpoint(
         "remote2",
@@ -293,14 +312,17 @@ def test_http_agent_is_asked_to_stop_and_its_receipt_is_the_evidence(
     ticket = admit_ticket(endpoint="remote2", input={}).ticket
     wait_for(lambda: agent.envelopes, message="the agent to receive the turn")
     turn_id, seq = agent.envelopes[0]["turn"]["id"], agent.envelopes[0]["turn"]["seq"]
+    turn_api = as_turn(api, agent.envelopes[0])
     # Past its budget the sweep interrupts the exact turn and calls the agent.
     wait_for(lambda: agent.cancels, timeout=15, message="the cancel request")
     assert agent.cancels[0] == {"turn": turn_id, "seq": seq}
-    hb = api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq})
+    hb = turn_api.post(f"/turns/{turn_id}/heartbeat", {"seq": seq})
     assert hb.json()["interrupt_requested"] is True
+    # Only the turn's own credential may say it stopped.
+    assert api.post(f"/turns/{turn_id}/stopped", {"seq": seq}).status_code == 403
     # A receipt naming another seq proves nothing.
-    assert api.post(f"/turns/{turn_id}/stopped", {"seq": seq + 1}).status_code == 409
-    resp = api.post(f"/turns/{turn_id}/stopped", {"seq": seq, "detail": "cancelled at step 3"})
+    assert turn_api.post(f"/turns/{turn_id}/stopped", {"seq": seq + 1}).status_code == 409
+    resp = turn_api.post(f"/turns/{turn_id}/stopped", {"seq": seq, "detail": "cancelled at step 3"})
     assert resp.status_code == 200, resp.content
     turn = resp.json()
     assert turn["state"] == "stopped"

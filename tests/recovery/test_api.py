@@ -1,4 +1,4 @@
-"""Recovery routes (API.md "Recovery"): shapes, the owner rule (403), the
+"""Recovery routes (API.md "Recovery"): shapes, the owner rule (404), the
 documented 400s, unknown and malformed ids (404, never 500), 409 on a case in
 the wrong state; nothing half-written by a refused call."""
 
@@ -136,7 +136,7 @@ def test_staff_may_act_as_owner(quarantine, api):
     assert api.post(f"/recovery/cases/{q.case.id}/inspections").status_code == 201
 
 
-def test_non_owner_is_forbidden_and_nothing_is_written(quarantine, owner_api, outsider_api):
+def test_a_non_owner_finds_no_case_and_nothing_is_written(quarantine, owner_api, outsider_api):
     q = quarantine()
     inspection = inspect(owner_api, q.case.id)
     before = dump_ledger(exclude=())
@@ -153,11 +153,12 @@ def test_non_owner_is_forbidden_and_nothing_is_written(quarantine, owner_api, ou
     ]
     for path, body in calls:
         resp = outsider_api.post(path, body)
-        assert resp.status_code == 403, (path, resp.content)
-        assert resp.json()["error"] == "forbidden" and resp.json()["detail"]
+        assert resp.status_code == 404, (path, resp.content)
+        assert resp.json()["error"] == "not_found" and resp.json()["detail"]
     assert dump_ledger(exclude=()) == before
-    # Reading cases is not owner-only (like reading tickets).
-    assert outsider_api.get(f"/recovery/cases/{q.case.id}").status_code == 200
+    # Cases are the owners' (and staff's): to anyone else they do not exist.
+    assert outsider_api.get(f"/recovery/cases/{q.case.id}").status_code == 404
+    assert outsider_api.get("/recovery/cases").json() == []
 
 
 def test_documented_bad_decisions_are_400_and_write_nothing(quarantine, owner_api):
@@ -298,7 +299,7 @@ def test_unknown_or_malformed_case_is_404_on_every_route(owner_api, case_id):
     ("query", "status"),
     [
         ({"state": "bogus"}, 400),
-        ({"limit": 0}, 400),
+        ({"limit": 0}, 422),  # out of the declared bounds
         ({"limit": "x"}, 422),
     ],
 )

@@ -13,7 +13,6 @@ from django.db import connections
 from config.errors import (
     CircuitOpen,
     EndpointQuarantined,
-    Forbidden,
     Invalid,
     InvalidTransition,
     NotFound,
@@ -140,7 +139,7 @@ def test_two_inspections_of_an_unchanged_case_have_the_same_digest(quarantine, o
 
 def test_only_owners_and_staff_may_inspect(quarantine, owner, outsider, staff_user):
     q = quarantine()
-    with pytest.raises(Forbidden):
+    with pytest.raises(NotFound):  # a case only its owners (and staff) see
         services.inspect_case(case_id=q.case.id, user=outsider)
     assert Inspection.objects.count() == 0
     assert services.inspect_case(case_id=q.case.id, user=staff_user).actor == staff_user
@@ -450,7 +449,7 @@ def test_decision_rules_are_checked_before_anything_is_written(
     theirs = services.inspect_case(case_id=other.case.id, user=owner)
     before = dump_ledger(exclude=())
     bad = [
-        (Forbidden, dict(user=outsider, inspection_id=mine.id)),
+        (NotFound, dict(user=outsider, inspection_id=mine.id)),
         (Invalid, dict(inspection_id=theirs.id)),
         (Invalid, dict(inspection_id=None)),
         (Invalid, dict(inspection_id="not-an-id")),
@@ -572,7 +571,7 @@ def test_lesson_needs_all_three_texts_and_an_owner(quarantine, owner, outsider):
         for blank in ("", " ", None):
             with pytest.raises(Invalid):
                 services.write_lesson(case_id=q.case.id, user=owner, **{**full, field: blank})
-    with pytest.raises(Forbidden):
+    with pytest.raises(NotFound):
         services.write_lesson(case_id=q.case.id, user=outsider, **full)
     assert Lesson.objects.count() == 0
     assert q.refresh().case.state == "decided"

@@ -6,6 +6,8 @@ HTTP receiver; one test runs the whole path through a real Celery worker."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import ipaddress
 import json
 import socket
 import threading
@@ -20,12 +22,15 @@ from django.test import override_settings
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
+from config import outbound
 from config.dispatch import DELIVER
 from config.errors import Invalid
 from console.keys import create_api_key
 from endpoints import runtime
 from tests.conftest import purge_broker, queued_tasks, wait_for
 from tickets import delivery, tasks
+from tickets.delivery import states as delivery_states
+from tickets.delivery import sweep as delivery_sweep
 from tickets.models import Delivery, DeliveryAttempt, Ticket, TicketEvent
 
 pytestmark = pytest.mark.django_db
@@ -45,9 +50,19 @@ RECEIVER = override_settings(
 
 class Receiver:
     """An HTTP server on 127.0.0.1 (port 0) answering ``statuses`` in order,
-    then ``then``; it records every request's headers and body."""
+    then ``then``; it records every request's headers and body. ``host`` and
+    ``port`` bind elsewhere on the loopback; ``location`` goes out as the
+    Location header (for redirects)."""
 
-    def __init__(self, *statuses: int, then: int = 200, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        *statuses: int,
+        then: int = 200,
+        delay_s: float = 0.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        location: str | None = None,
+    ) -> None:
         self.statuses = list(statuses)
         self.then = then
         self.delay_s = delay_s
@@ -64,20 +79,26 @@ class Receiver:
                 if receiver.delay_s:
                     time.sleep(receiver.delay_s)
                 self.send_response(status)
+                if location:
+                    self.send_header("Location", location)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        return f"http://{self.server.server_address[0]}:{self.port}/hook"
 
     def close(self) -> None:
         self.server.shutdown()
@@ -89,8 +110,8 @@ class Receiver:
 def receiver():
     made: list[Receiver] = []
 
-    def make(*statuses: int, then: int = 200, delay_s: float = 0.0) -> Receiver:
-        made.append(Receiver(*statuses, then=then, delay_s=delay_s))
+    def make(*statuses: int, **options) -> Receiver:
+        made.append(Receiver(*statuses, **options))
         return made[-1]
 
     yield make
@@ -268,7 +289,9 @@ def test_backoff_is_exponential_with_full_jitter_and_capped():
 
 
 @RECEIVER
-def test_the_url_is_checked_again_before_each_send(api, make_endpoint, receiver):
+def test_a_url_the_policy_refuses_at_send_time_fails_at_once(api, make_endpoint, receiver):
+    """Checked again before each send; a refusal cannot be cured by retrying,
+    so the delivery fails on that one attempt, which is logged with why."""
     make_endpoint("alpha")
     hook = receiver()
     ticket = finish(admit(api, "alpha", hook.url)["id"])
@@ -276,11 +299,17 @@ def test_the_url_is_checked_again_before_each_send(api, make_endpoint, receiver)
     with override_settings(DELIVERY_ALLOWED_HOSTS=[]):
         sent = delivery.send(delivery_id=d.id)
     assert sent.status_code is None and sent.error.startswith("refused before sending")
+    assert "127.0.0.1" in sent.error
     assert hook.requests == []  # no request left the process
     ticket.refresh_from_db()
-    assert ticket.delivery_state == "attempted"
-    drive(d.id, until={"delivered"})
-    assert [a.number for a in DeliveryAttempt.objects.filter(delivery=d)] == [1, 2]
+    d.refresh_from_db()
+    assert ticket.delivery_state == "failed" and d.next_attempt_at is None
+    attempts = list(DeliveryAttempt.objects.filter(delivery=d))
+    assert [(a.number, a.status_code) for a in attempts] == [(1, None)]
+    assert attempts[0].error.startswith("refused before sending")
+    failed = TicketEvent.objects.get(ticket=ticket, kind="delivery_failed")
+    assert failed.detail["why"] == "refused by the URL policy"
+    assert delivery.send(delivery_id=d.id) is None  # nothing is owed any more
 
 
 @RECEIVER
@@ -417,12 +446,19 @@ def test_a_public_address_is_accepted():
 
 
 def fake_dns(monkeypatch, table: dict[str, list[str]]) -> None:
+    """DNS outside the machine answers from ``table``; address literals
+    resolve as usual (socket.create_connection looks them up too)."""
+    real = socket.getaddrinfo
+
     def getaddrinfo(host, port, *args, **kwargs):
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(host)
+            return real(host, port, *args, **kwargs)
         if host not in table:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in table[host]]
 
-    monkeypatch.setattr(delivery.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(outbound.socket, "getaddrinfo", getaddrinfo)
 
 
 def test_every_resolved_address_must_be_public(monkeypatch):
@@ -474,10 +510,16 @@ def test_admission_refuses_a_loopback_webhook_unless_listed(api, make_endpoint):
 @RECEIVER
 def test_delivery_waits_for_an_owner_to_approve(api, make_endpoint, receiver, monkeypatch):
     published = []
-    real_publish = delivery.publish
-    monkeypatch.setattr(
-        delivery, "publish", lambda name, *a, **kw: (published.append(a), real_publish(name, *a))
-    )
+    real_publish = delivery_states.publish
+
+    def recording(name, *a, **kw):
+        published.append(a)
+        real_publish(name, *a)
+
+    # Every module of the delivery package that publishes: the state machine
+    # (open, approve) and the sweep.
+    monkeypatch.setattr(delivery_states, "publish", recording)
+    monkeypatch.setattr(delivery_sweep, "publish", recording)
     owner = user_api(api, "olive")
     stranger = user_api(api, "mallory")
     make_endpoint("gated", owners=["olive"], requires_approval=True)
@@ -495,8 +537,9 @@ def test_delivery_waits_for_an_owner_to_approve(api, make_endpoint, receiver, mo
     assert published == []
     assert delivery.send(delivery_id=d.id) is None and hook.requests == []
 
+    # A stranger does not see the ticket at all (404, as for an unknown id).
     resp = stranger.post(f"/tickets/{body['id']}/approve")
-    assert resp.status_code == 403 and resp.json()["error"] == "forbidden"
+    assert resp.status_code == 404 and resp.json()["error"] == "not_found"
     assert Ticket.objects.get(id=body["id"]).approved_at is None
 
     resp = owner.post(f"/tickets/{body['id']}/approve")
@@ -609,8 +652,10 @@ def test_obligation_updates_are_for_owners_and_checked(api, make_endpoint):
     path = f"/tickets/{body['id']}/obligation"
     future = (timezone.now() + timedelta(hours=1)).isoformat()
 
-    assert stranger.post(path, {"note": "x"}).status_code == 403
-    assert stranger.post(f"{path}/close", {"note": "x"}).status_code == 403
+    # Not visible to a stranger: 404 (a submitter who owns nothing gets 403:
+    # tests/test_authorization.py).
+    assert stranger.post(path, {"note": "x"}).status_code == 404
+    assert stranger.post(f"{path}/close", {"note": "x"}).status_code == 404
     past = owner.post(path, {"next_update_at": "2001-01-01T00:00:00Z"})
     assert past.status_code == 400 and past.json()["error"] == "invalid"
     assert owner.post(path, {}).status_code == 400
@@ -663,8 +708,7 @@ def delivery_worker(monkeypatch, celery_procs):
     test key (the subprocesses read the environment, not override_settings)."""
     monkeypatch.setenv("DELIVERY_ALLOWED_HOSTS", "127.0.0.1")
     monkeypatch.setenv("DELIVERY_SIGNING_SECRET", SECRET)
-    celery_procs.worker()
-    celery_procs.beat()
+    celery_procs.worker_and_beat()
     return celery_procs
 
 
@@ -701,3 +745,163 @@ def test_a_real_worker_delivers_after_retries(api, make_endpoint, receiver, deli
     gaps = [e.detail["next_attempt_at"] for e in attempts]
     assert len(gaps) == 2
     assert json.loads(json.dumps(shown))  # the API still renders it
+
+
+# --- The connection goes to the address that was checked ----------------------------------
+
+
+class ChangingDns:
+    """A resolver outside the machine whose answer for ``name`` changes:
+    ``first`` for the first lookup, ``then`` for every later one (a
+    DNS-rebinding attacker's short-TTL record). Address literals resolve as
+    usual (socket.create_connection looks them up too)."""
+
+    def __init__(self, monkeypatch, name: str, first: str, then: str) -> None:
+        self.name, self.answers, self.lookups = name, [first, then], 0
+        real = socket.getaddrinfo
+
+        def getaddrinfo(host, port, *args, **kwargs):
+            if host != self.name:
+                return real(host, port, *args, **kwargs)
+            self.lookups += 1
+            ip = self.answers[0] if self.lookups == 1 else self.answers[1]
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))]
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+@RECEIVER
+def test_a_rebinding_host_is_not_resolved_again_after_the_check(
+    api, make_endpoint, receiver, monkeypatch
+):
+    """The host first resolves to an address the policy accepts and then to
+    one it refuses. The send must connect to the checked address; a second
+    lookup at connect time would reach the refused one.
+
+    No public address may be contacted from here, so 127.0.0.1 stands in for
+    "a public address" (the policy's verdict is patched for it) and
+    127.0.0.2 for the internal target, on the same port."""
+    make_endpoint("alpha")
+    checked = receiver()
+    internal = receiver(host="127.0.0.2", port=checked.port)
+    url = f"http://hooks.example.com:{checked.port}/hook"
+    with override_settings(DELIVERY_ALLOWED_HOSTS=["hooks.example.com"]):
+        ticket = finish(admit(api, "alpha", url)["id"])  # admitted while listed
+    d = Delivery.objects.get(ticket=ticket)
+
+    monkeypatch.setattr(outbound, "is_public", lambda ip: str(ip) == "127.0.0.1")
+    dns = ChangingDns(monkeypatch, "hooks.example.com", first="127.0.0.1", then="127.0.0.2")
+    with override_settings(DELIVERY_ALLOWED_HOSTS=[]):
+        sent = delivery.send(delivery_id=d.id)
+
+    assert internal.requests == [], "the send resolved the host again and reached 127.0.0.2"
+    assert sent.ok, sent.error
+    assert dns.lookups == 1
+    headers, _ = checked.requests[0]
+    assert headers["Host"] == f"hooks.example.com:{checked.port}"  # the URL's host, kept
+    verified(checked.requests[0])
+
+
+@RECEIVER
+def test_a_listed_host_is_resolved_once_and_pinned(api, make_endpoint, receiver, monkeypatch):
+    make_endpoint("alpha")
+    first = receiver()
+    second = receiver(host="127.0.0.2", port=first.port)
+    url = f"http://hooks.test:{first.port}/hook"
+    with override_settings(DELIVERY_ALLOWED_HOSTS=["hooks.test"]):
+        ticket = finish(admit(api, "alpha", url)["id"])
+        d = Delivery.objects.get(ticket=ticket)
+        dns = ChangingDns(monkeypatch, "hooks.test", first="127.0.0.1", then="127.0.0.2")
+        sent = delivery.send(delivery_id=d.id)
+    assert sent.ok and len(first.requests) == 1 and second.requests == []
+    assert dns.lookups == 1
+
+
+@RECEIVER
+def test_a_host_that_does_not_resolve_at_send_time_is_retried(api, make_endpoint, monkeypatch):
+    make_endpoint("alpha")
+    with override_settings(DELIVERY_ALLOWED_HOSTS=["hooks.test"]):
+        ticket = finish(admit(api, "alpha", "http://hooks.test/hook")["id"])
+        d = Delivery.objects.get(ticket=ticket)
+        fake_dns(monkeypatch, {})
+        sent = delivery.send(delivery_id=d.id)
+    assert sent.status_code is None and "does not resolve" in sent.error
+    ticket.refresh_from_db()
+    d.refresh_from_db()
+    assert ticket.delivery_state == "attempted" and d.next_attempt_at is not None
+
+
+@RECEIVER
+def test_a_redirect_is_a_failed_attempt_and_is_not_followed(api, make_endpoint, receiver):
+    make_endpoint("alpha")
+    elsewhere = receiver()
+    hook = receiver(then=307, location=elsewhere.url)
+    ticket = finish(admit(api, "alpha", hook.url)["id"])
+    d = Delivery.objects.get(ticket=ticket)
+    sent = delivery.send(delivery_id=d.id)
+    assert sent.status_code == 307 and not sent.ok
+    assert "redirect" in sent.error and elsewhere.url in sent.error
+    assert len(hook.requests) == 1 and elsewhere.requests == []
+    ticket.refresh_from_db()
+    assert ticket.delivery_state == "attempted"  # retried later, to the same URL
+    attempt = DeliveryAttempt.objects.get(delivery=d)
+    assert attempt.status_code == 307 and "not followed" in attempt.error
+
+
+# --- HTTPS keeps the URL's host for SNI and the certificate check --------------------------
+
+
+@pytest.fixture
+def tls_receiver(tmp_path, monkeypatch):
+    """An HTTPS receiver on 127.0.0.1 with a self-signed certificate for
+    hooks.example.com, trusted through SSL_CERT_FILE (which httpx reads);
+    it records the SNI name each handshake asked for."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=hooks.example.com",
+            "-addext", "subjectAltName=DNS:hooks.example.com",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    hook = Receiver()
+    names: list[str | None] = []
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.sni_callback = lambda sock, name, ctx: names.append(name)
+    hook.server.socket = context.wrap_socket(hook.server.socket, server_side=True)
+    hook.sni = names
+    yield hook
+    hook.close()
+
+
+@RECEIVER
+def test_https_to_a_pinned_address_keeps_sni_and_verifies_the_host(
+    api, make_endpoint, tls_receiver, monkeypatch
+):
+    make_endpoint("alpha")
+    port = tls_receiver.port
+    with override_settings(DELIVERY_ALLOWED_HOSTS=["hooks.example.com", "other.example.com"]):
+        good = finish(admit(api, "alpha", f"https://hooks.example.com:{port}/hook")["id"])
+        bad = finish(admit(api, "alpha", f"https://other.example.com:{port}/hook")["id"])
+        fake_dns(
+            monkeypatch, {"hooks.example.com": ["127.0.0.1"], "other.example.com": ["127.0.0.1"]}
+        )
+        sent = delivery.send(delivery_id=Delivery.objects.get(ticket=good).id)
+        assert sent.ok, sent.error
+        assert tls_receiver.sni == ["hooks.example.com"]
+        assert tls_receiver.requests[0][0]["Host"] == f"hooks.example.com:{port}"
+        # The certificate names hooks.example.com: a URL naming another host
+        # that resolves to the same address is refused by the TLS check.
+        sent = delivery.send(delivery_id=Delivery.objects.get(ticket=bad).id)
+    assert sent.status_code is None and "CERTIFICATE_VERIFY_FAILED" in sent.error
+    assert len(tls_receiver.requests) == 1

@@ -1,14 +1,18 @@
-"""TicketEvent is append-only in the database itself."""
+"""TicketEvent is append-only in the database itself: its triggers refuse
+UPDATE and DELETE even to the owner of the table; the application role is
+refused before that by its privileges (tests/test_database_roles.py)."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 
 from tickets.admission import admit_ticket
 from tickets.models import TicketEvent
 
-pytestmark = pytest.mark.django_db
+# The owner's statements run on their own connection: the data must be committed.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
@@ -18,23 +22,17 @@ def event(make_endpoint):
     return TicketEvent.objects.get(ticket_id=ticket.id)
 
 
-def test_update_of_an_event_is_refused_by_the_database(event):
-    with (
-        pytest.raises(DatabaseError, match="append-only"),
-        transaction.atomic(),
-        connection.cursor() as cur,
-    ):
-        cur.execute("UPDATE tickets_ticketevent SET kind = 'forged' WHERE id = %s", [event.id])
+def test_update_of_an_event_is_refused_by_the_database(event, owner_cursor):
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+        owner_cursor.execute(
+            "UPDATE tickets_ticketevent SET kind = 'forged' WHERE id = %s", [event.id]
+        )
     assert TicketEvent.objects.get(id=event.id).kind == "admitted"
 
 
-def test_delete_of_an_event_is_refused_by_the_database(event):
-    with (
-        pytest.raises(DatabaseError, match="append-only"),
-        transaction.atomic(),
-        connection.cursor() as cur,
-    ):
-        cur.execute("DELETE FROM tickets_ticketevent WHERE id = %s", [event.id])
+def test_delete_of_an_event_is_refused_by_the_database(event, owner_cursor):
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+        owner_cursor.execute("DELETE FROM tickets_ticketevent WHERE id = %s", [event.id])
     assert TicketEvent.objects.filter(id=event.id).exists()
 
 

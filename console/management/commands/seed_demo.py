@@ -13,9 +13,18 @@ DEMO = {
     "demo.echo": "endpoints.demo.echo",
     "demo.sleep": "endpoints.demo.sleep",
     "demo.stuck": "endpoints.demo.stuck",
+    "demo.stubborn": "endpoints.demo.stubborn",
     "demo.fail": "endpoints.demo.fail",
     "demo.research": "endpoints.demo.research",
 }
+# Runner fields and budgets beyond the defaults. demo.stuck runs inline: an
+# ignored interrupt cannot be proven stopped, so it shows quarantine (and a
+# held worker slot). demo.stubborn runs in its own process: the escalation
+# (SIGTERM, then SIGKILL) stops it and the exit status is the evidence.
+# Short budgets, so the demo shows either within a minute.
+RUNNER_EXTRA = {"demo.stuck": {"isolation": "inline"}}
+SHORT = {"turn_budget_s": 20, "interrupt_grace_s": 5}
+BUDGETS = {"demo.stuck": SHORT, "demo.stubborn": SHORT, "demo.sleep": SHORT}
 OWNER, PASSWORD = "demo", "demo-owner"
 
 
@@ -25,7 +34,12 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         for address, path in DEMO.items():
             if not Endpoint.objects.filter(address=address).exists():
-                create_endpoint(address=address, runner={"kind": "python", "path": path})
+                create_endpoint(
+                    address=address,
+                    runner={"kind": "python", "path": path, **RUNNER_EXTRA.get(address, {})},
+                    actor="command:seed_demo",
+                    **BUDGETS.get(address, {}),
+                )
                 self.stderr.write(f"created endpoint {address}")
         create_owner(username=OWNER, password=PASSWORD, endpoints=list(DEMO))
         key_file = settings.VAR_DIR / "demo_api_key"

@@ -1,0 +1,224 @@
+"""The asyncio client: the same calls and retry rules as ``Client``."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins  # the clients have a list() method
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from . import _common
+from ._retry import Attempts, RetryPolicy
+from .client import IdLike
+from .errors import ClaimcheckError
+from .models import Event, Lineage, ReturnTo, Ticket, Turn
+
+
+class AsyncClient:
+    """``async with AsyncClient(url, key) as cc: t = await cc.submit(...)``;
+    see ``Client`` for the parameters and the retry rules."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 10.0,
+        retries: int = 5,
+        backoff_base: float = 0.25,
+        backoff_cap: float = 10.0,
+        max_retry_after: float = 60.0,
+        max_wait_s: float = _common.SERVER_MAX_WAIT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.max_wait_s = max_wait_s
+        self.policy = RetryPolicy(
+            retries=retries,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            max_retry_after=max_retry_after,
+        )
+        self._http = httpx.AsyncClient(
+            base_url=_common.api_root(base_url),
+            headers=_common.headers(api_key),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        attempts = Attempts(self.policy)
+        while True:
+            try:
+                response = await self._http.request(
+                    method,
+                    path,
+                    json=json,
+                    params={k: v for k, v in (params or {}).items() if v is not None},
+                    timeout=timeout if timeout is not None else self.timeout,
+                )
+            except httpx.TransportError as exc:
+                delay = attempts.on_transport_error(exc)
+                if delay is None:
+                    raise attempts.raise_transport(exc) from exc
+                await asyncio.sleep(delay)
+                continue
+            delay = attempts.on_response(response)
+            if delay is not None:
+                await asyncio.sleep(delay)
+                continue
+            return attempts.finish(response).json()
+
+    async def submit(
+        self,
+        endpoint: str,
+        input: Mapping[str, Any],  # noqa: A002 - the API's name
+        *,
+        dedupe_key: str | None = None,
+        parent: IdLike | None = None,
+        trace_id: str | None = None,
+        return_to: str | ReturnTo | Mapping[str, Any] | None = None,
+        requester: Mapping[str, Any] | None = None,
+        wait_s: float | None = None,
+    ) -> Ticket:
+        body = _common.submission(
+            endpoint=endpoint,
+            input=input,
+            dedupe_key=dedupe_key if dedupe_key is not None else _common.new_dedupe_key(),
+            parent=parent,
+            trace_id=trace_id,
+            return_to=return_to,
+            requester=requester,
+            wait_s=wait_s,
+        )
+        data = await self._request(
+            "POST", "/tickets", json=body, timeout=self.timeout + (wait_s or 0)
+        )
+        return Ticket.from_json(data)
+
+    async def get(self, ticket_id: IdLike) -> Ticket:
+        return Ticket.from_json(await self._request("GET", f"/tickets/{ticket_id}"))
+
+    async def list_page(
+        self,
+        *,
+        endpoint: str | None = None,
+        state: str | None = None,
+        trace_id: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[builtins.list[Ticket], str | None]:
+        data = await self._request(
+            "GET",
+            "/tickets",
+            params={
+                "endpoint": endpoint,
+                "state": state,
+                "trace_id": trace_id,
+                "limit": limit,
+                "cursor": cursor,
+            },
+        )
+        return [Ticket.from_json(t) for t in data["items"]], data.get("next_cursor")
+
+    async def list(
+        self,
+        *,
+        endpoint: str | None = None,
+        state: str | None = None,
+        trace_id: str | None = None,
+        page_size: int = 50,
+    ) -> AsyncIterator[Ticket]:
+        cursor: str | None = None
+        while True:
+            items, cursor = await self.list_page(
+                endpoint=endpoint, state=state, trace_id=trace_id, limit=page_size, cursor=cursor
+            )
+            for item in items:
+                yield item
+            if not cursor:
+                return
+
+    async def events(self, ticket_id: IdLike) -> builtins.list[Event]:
+        data = await self._request("GET", f"/tickets/{ticket_id}/events")
+        return [Event.from_json(e) for e in data]
+
+    async def lineage(self, ticket_id: IdLike) -> Lineage:
+        return Lineage.from_json(await self._request("GET", f"/tickets/{ticket_id}/lineage"))
+
+    async def cancel(self, ticket_id: IdLike) -> Ticket:
+        try:
+            data = await self._request("POST", f"/tickets/{ticket_id}/cancel")
+        except ClaimcheckError as exc:
+            if _common.already_done(exc, state="cancelled"):
+                return await self.get(ticket_id)
+            raise
+        return Ticket.from_json(data)
+
+    async def ack(self, ticket_id: IdLike) -> Ticket:
+        try:
+            data = await self._request("POST", f"/tickets/{ticket_id}/delivery/ack", json={})
+        except ClaimcheckError as exc:
+            if _common.already_done(exc, delivery="delivered"):
+                return await self.get(ticket_id)
+            raise
+        return Ticket.from_json(data)
+
+    async def approve(self, ticket_id: IdLike) -> Ticket:
+        return Ticket.from_json(await self._request("POST", f"/tickets/{ticket_id}/approve"))
+
+    async def turn(self, turn_id: IdLike) -> Turn:
+        return Turn.from_json(await self._request("GET", f"/turns/{turn_id}"))
+
+    async def wait(self, ticket_id: IdLike, timeout: float) -> Ticket:
+        """See ``Client.wait``."""
+        deadline = time.monotonic() + timeout
+        ticket = await self.get(ticket_id)
+        long_poll = ticket.dedupe_key is not None
+        pause = 0.2
+        while not ticket.is_terminal:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if long_poll:
+                wait_s = min(left, self.max_wait_s)
+                try:
+                    data = await self._request(
+                        "POST",
+                        "/tickets",
+                        json=_common.long_poll_body(ticket, wait_s),
+                        timeout=self.timeout + wait_s,
+                    )
+                except _common.LONG_POLL_GIVE_UP:
+                    long_poll = False
+                    continue
+                polled = Ticket.from_json(data)
+                if polled.id == ticket.id:
+                    ticket = polled
+                    continue
+                long_poll = False
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, 5.0)
+            ticket = await self.get(ticket_id)
+        return dataclasses.replace(ticket, duplicate=False)

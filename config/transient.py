@@ -1,0 +1,135 @@
+"""Transient faults: a database restart or a broker blip costs latency and a
+clear 503, never a lost write (DESIGN.md, the developers' standards).
+
+- ``TRANSIENT_DB_ERRORS`` / ``TRANSIENT_ERRORS``: what counts as transient.
+  Only connection-level errors: ``OperationalError`` (connection refused or
+  terminated, server starting up or shutting down, deadlock, serialization
+  failure) and ``InterfaceError`` (the connection is already closed), as
+  Django wraps them and as psycopg raises them where Django does not wrap;
+  for the broker, kombu's and redis' connection errors. Domain errors,
+  ``IntegrityError`` and programming errors are never transient.
+- ``retry_transient(fn, ...)``: call ``fn`` until it returns, retrying a
+  transient database error with capped exponential backoff and full jitter,
+  for a bounded total time.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import kombu.exceptions
+import psycopg
+import redis.exceptions
+from django.db import InterfaceError, OperationalError, connection
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    OperationalError,
+    InterfaceError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+TRANSIENT_BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    kombu.exceptions.OperationalError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+TRANSIENT_ERRORS = TRANSIENT_DB_ERRORS + TRANSIENT_BROKER_ERRORS
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Is ``exc``, or an exception it was raised from, a transient fault?
+    (Celery and Django sometimes wrap the original error.)"""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, TRANSIENT_ERRORS):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a log: the class and the server's first line (no DSN,
+    no password: psycopg's messages name host and port at most)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def drop_broken_connection() -> None:
+    """Close this thread's database connection so that the next query opens
+    a new one. Outside a transaction only: inside ``atomic`` Django keeps the
+    broken connection until the block exits (and then closes it itself)."""
+    if connection.in_atomic_block:
+        return
+    try:
+        connection.close()
+    except Exception:  # closing a dead socket may raise again; it is closed anyway
+        log.debug("closing the broken connection raised", exc_info=True)
+
+
+def backoff_delay(attempt: int, *, base_s: float, cap_s: float) -> float:
+    """Full jitter: random between 0 and min(cap, base * 2^attempt), never
+    below a small floor so a tight loop cannot spin."""
+    return max(0.05, random.uniform(0, min(cap_s, base_s * (2**attempt))))
+
+
+def retry_transient(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    max_s: float,
+    base_s: float = 0.2,
+    cap_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call ``fn()`` and return its value; on a transient database error, drop
+    the broken connection, wait (capped exponential backoff, full jitter) and
+    call it again, until ``max_s`` seconds have passed since the first call.
+    Then the last error is raised. Any other exception is raised at once.
+
+    ``fn`` must be safe to repeat: either it did not commit, or a repeat
+    recognises its own committed work (``finish_turn`` does). Inside a
+    transaction (``atomic``) a broken connection cannot be replaced, so there
+    ``fn`` runs once and its error goes to the transaction's owner.
+
+    The cap is small on purpose: once the database is back, the caller should
+    notice within a couple of seconds (a turn's heartbeat must stay fresh).
+    Each retry is logged at WARNING with ``what``.
+    """
+    if connection.in_atomic_block:
+        return fn()
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except TRANSIENT_DB_ERRORS as exc:
+            elapsed = time.monotonic() - started
+            drop_broken_connection()
+            if elapsed >= max_s:
+                log.error(
+                    "%s: database still unreachable after %.1fs and %d attempt(s); giving up: %s",
+                    what,
+                    elapsed,
+                    attempt + 1,
+                    describe(exc),
+                )
+                raise
+            delay = min(backoff_delay(attempt, base_s=base_s, cap_s=cap_s), max_s - elapsed)
+            attempt += 1
+            log.warning(
+                "%s: transient database error (%s); retry %d in %.2fs",
+                what,
+                describe(exc),
+                attempt,
+                delay,
+            )
+            sleep(max(0.0, delay))

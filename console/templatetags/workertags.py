@@ -1,0 +1,24 @@
+"""The case page's "stop the process" panel (console/workers.py handles the
+POST): shown to the case's owners when the case is decided and a live worker
+slot still runs its turn, with the stops already recorded."""
+
+from __future__ import annotations
+
+from django import template
+
+from endpoints.selectors import slot_holding
+from recovery.models import ProcessStop
+
+register = template.Library()
+
+
+@register.inclusion_tag("console/_stop_process.html", takes_context=True)
+def stop_process_form(context, case):
+    slot = slot_holding(case.turn_id) if case.state != "open" else None
+    return {
+        "case": case,
+        "slot": slot,
+        "stops": list(ProcessStop.objects.filter(case=case).order_by("created_at")),
+        "stop_error": context.get("stop_error"),
+        "csrf_token": context.get("csrf_token"),
+    }

@@ -1,0 +1,100 @@
+"""View-only admin for endpoints and their runtime records
+(config/readonly_admin.py says why and how)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import Q
+
+from config.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
+
+from .models import ContextEntry, Endpoint, EndpointAlias, EndpointLock, Turn
+
+
+@admin.register(Endpoint)
+class EndpointAdmin(ReadOnlyAdmin):
+    list_display = (
+        "address",
+        "state",
+        "owners",
+        "busy_policy",
+        "requires_approval",
+        "turn_budget_s",
+        "interrupt_grace_s",
+        "heartbeat_timeout_s",
+        "turn_seq",
+    )
+    list_filter = ("state", "busy_policy")  # a small table of a few values each
+    list_select_related = ("owners",)
+    ordering = ("address",)
+    search_fields = ("address",)
+    search_help_text = "The start of an address, or an alias."
+    raw_id_fields = ("owners",)
+
+    def search_q(self, term: str) -> Q | None:
+        # A unique CharField has a varchar_pattern_ops index on PostgreSQL:
+        # a case-sensitive prefix match uses it.
+        return any_of(Q(address__startswith=term), endpoint_q(term, "id"))
+
+
+@admin.register(EndpointAlias)
+class EndpointAliasAdmin(ReadOnlyAdmin):
+    list_display = ("alias", "endpoint")
+    list_select_related = ("endpoint",)
+    ordering = ("alias",)
+    search_fields = ("alias", "endpoint")
+    search_help_text = "The start of an alias, or the endpoint's address."
+    raw_id_fields = ("endpoint",)
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(Q(alias__startswith=term), endpoint_q(term))
+
+
+@admin.register(EndpointLock)
+class EndpointLockAdmin(ReadOnlyAdmin):
+    list_display = ("endpoint", "holder_id", "token", "acquired_at")
+    list_select_related = ("endpoint",)
+    ordering = ("endpoint_id",)
+    search_fields = ("endpoint", "holder")
+    search_help_text = "An endpoint address, or the holding turn's id."
+    raw_id_fields = ("endpoint", "holder")
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(endpoint_q(term), uuid_q(term, "holder_id"))
+
+
+@admin.register(Turn)
+class TurnAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "endpoint",
+        "seq",
+        "state",
+        "runner_kind",
+        "ticket_id",
+        "started_at",
+        "deadline_at",
+        "ended_at",
+    )
+    list_select_related = ("endpoint",)
+    ordering = ("-id",)  # time-ordered primary key
+    search_fields = ("id", "ticket", "endpoint")
+    search_help_text = "A turn id, a ticket id (its turns), or an endpoint address."
+    raw_id_fields = ("endpoint", "ticket")
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(uuid_q(term, "id", "ticket_id"), endpoint_q(term))
+
+
+@admin.register(ContextEntry)
+class ContextEntryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "endpoint", "seq", "turn_id", "ticket_id", "created_at")
+    list_select_related = ("endpoint",)
+    list_defer = ("input", "result", "artifacts")
+    ordering = ("-id",)
+    search_fields = ("endpoint", "turn", "ticket")
+    search_help_text = "An endpoint address (its history), a turn id or a ticket id."
+    raw_id_fields = ("endpoint", "turn", "ticket")
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(endpoint_q(term), uuid_q(term, "turn_id", "ticket_id"))

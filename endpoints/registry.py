@@ -1,0 +1,122 @@
+"""The worker registry: workers register and heartbeat themselves; each pool
+process records the turn it runs (docs/design.md, "Worker registry").
+
+Writes only: the worker's own row and its slots. What the rows mean (idle,
+running, interrupting, held, lost) is read by ``endpoints.selectors``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from config.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection
+
+from .models import Worker, WorkerSlot
+
+log = logging.getLogger(__name__)
+
+# The Celery node name of the worker this pool process belongs to (set when a
+# task starts, endpoints.worker); empty outside a worker: nothing is recorded.
+_node = ""
+
+
+def set_node(name: str) -> None:
+    global _node
+    _node = name or ""
+
+
+def register_worker(*, name: str, host: str, pid: int, queues: list[str], pool_size: int) -> Worker:
+    now = timezone.now()
+    worker, _ = Worker.objects.update_or_create(
+        name=name,
+        defaults={
+            "host": host,
+            "pid": pid,
+            "queues": queues,
+            "pool_size": pool_size,
+            "started_at": now,
+            "last_seen_at": now,
+        },
+    )
+    # A restarted worker of the same name: its old pool processes are gone.
+    WorkerSlot.objects.filter(worker=worker).delete()
+    return worker
+
+
+def beat_worker(name: str) -> None:
+    Worker.objects.filter(name=name).update(last_seen_at=timezone.now())
+
+
+# The slot's row in one statement (PostgreSQL): twice per turn, so not the
+# ORM's transaction of a read, a locked read and a write.
+_SLOT_SQL = """
+INSERT INTO endpoints_workerslot (worker_id, pid, turn_id, since, updated_at)
+SELECT w.id, %(pid)s, %(turn)s, %(now)s, %(now)s FROM endpoints_worker w WHERE w.name = %(node)s
+ON CONFLICT (worker_id, pid) DO UPDATE
+SET turn_id = EXCLUDED.turn_id, since = EXCLUDED.since, updated_at = EXCLUDED.updated_at
+"""
+
+
+def _slot(turn_id: uuid.UUID | None) -> None:
+    if not _node:
+        return
+    now = timezone.now()
+    try:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cur:
+                cur.execute(
+                    _SLOT_SQL, {"pid": os.getpid(), "turn": turn_id, "now": now, "node": _node}
+                )
+            return
+        with transaction.atomic():
+            worker = Worker.objects.filter(name=_node).only("id").first()
+            if worker is None:
+                return
+            WorkerSlot.objects.update_or_create(
+                worker=worker,
+                pid=os.getpid(),
+                defaults={"turn_id": turn_id, "since": now, "updated_at": now},
+            )
+    except TRANSIENT_DB_ERRORS as exc:  # the registry is a view: never fail a turn for it
+        log.warning("worker slot not recorded: %s", describe(exc))
+        drop_broken_connection()
+
+
+def current_slot() -> tuple[str, int] | None:
+    """This pool process's slot (node name, pid), for the turn statements
+    that record it themselves (endpoints.runtime.fastpath); None outside a
+    worker."""
+    return (_node, os.getpid()) if _node else None
+
+
+def slot_busy(turn_id: uuid.UUID) -> None:
+    """This pool process now runs ``turn_id``."""
+    _slot(turn_id)
+
+
+def slot_idle() -> None:
+    """This pool process runs nothing any more."""
+    _slot(None)
+
+
+STOP_COMMAND = "claimcheck_stop_process"
+
+
+def request_process_stop(worker: str, **arguments) -> None:
+    """Ask the worker named ``worker`` (and only it: the broadcast's
+    destination) to kill its own pool process ``pid`` if it still runs
+    ``turn_id`` (``endpoints.worker``). After commit of the recorded stop."""
+    from celery import current_app
+
+    try:
+        current_app.control.broadcast(STOP_COMMAND, arguments=arguments, destination=[worker])
+    except Exception:  # the broker is down: the stop stays "requested", visible
+        log.exception("stop-the-process request to %s not sent", worker)
+
+
+def clear_slot(worker: str, pid: int) -> None:
+    WorkerSlot.objects.filter(worker__name=worker, pid=pid).delete()

@@ -1,0 +1,220 @@
+"""The one-message-per-turn dispatch protocol: ``needs_dispatch``, the
+release of the lock and the next ticket's message, the lost-dispatch sweep."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from config.dispatch import RUN_TICKET, publish, publish_now, wake_dispatcher
+from tickets.models import Ticket, TicketState
+
+from ..models import (
+    EndpointLock,
+    EndpointState,
+    Turn,
+)
+from .sweeplock import sweep_lock
+
+log = logging.getLogger(__name__)
+
+
+def redispatch_if_free(lock: EndpointLock) -> None:
+    """The attempt that committed a finish lost its after-commit publish of the
+    endpoint's next ticket along with its reply. Publish the oldest queued
+    ticket again if the endpoint is free (the caller holds the lock row); a
+    duplicate message is a no-op, and the lost-dispatch sweep is the backstop."""
+    if lock.holder_id is not None:
+        return
+    oldest = (
+        Ticket.objects.filter(endpoint_id=lock.endpoint_id, state=TicketState.QUEUED)
+        .order_by("id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if oldest is not None:
+        publish(RUN_TICKET, str(oldest))
+
+
+def release_lock(*, endpoint_id: int, turn: Turn) -> None:
+    """Release the lock held by ``turn`` (the caller holds the lock row) and,
+    after commit, dispatch the endpoint's oldest queued ticket."""
+    released = EndpointLock.objects.filter(endpoint_id=endpoint_id, holder=turn).update(
+        holder=None, token=None, acquired_at=None
+    )
+    if released != 1:
+        # The caller holds the lock row and checked the holder: a miss is a bug.
+        raise RuntimeError(f"lock of endpoint {endpoint_id} is not held by turn {turn.id}")
+    dispatch_next(endpoint_id=endpoint_id)
+
+
+def mark_needs_dispatch(ticket_id: uuid.UUID) -> None:
+    """The ticket's message was used up without starting it (the caller holds
+    the endpoint's lock row): the next release must publish it."""
+    Ticket.objects.filter(id=ticket_id, state=TicketState.QUEUED).update(needs_dispatch=True)
+
+
+# dispatch_next in one statement: unmark the oldest marked queued ticket, or
+# (none marked) wake the dispatcher at commit.
+_NEXT_SQL = """
+WITH w AS (
+    SELECT t.id FROM tickets_ticket t
+    WHERE t.endpoint_id = %(endpoint_id)s AND t.state = 'queued' AND t.needs_dispatch
+    ORDER BY t.id LIMIT 1
+),
+u AS (
+    UPDATE tickets_ticket t SET needs_dispatch = false FROM w WHERE t.id = w.id RETURNING t.id
+),
+n AS (
+    SELECT pg_notify('claimcheck_dispatch', '') FROM (SELECT 1) one
+    WHERE NOT EXISTS (SELECT 1 FROM w)
+)
+SELECT (SELECT id FROM u), (SELECT count(*) FROM n)
+"""
+
+
+def dispatch_next(*, endpoint_id: int) -> None:
+    """After a release (the caller holds the lock row): publish, after commit,
+    the oldest queued ticket that has no message in flight. Every queued
+    ticket either has one in flight or is marked, so nothing is left behind,
+    and each turn costs one broker message. The lost-dispatch sweep stays the
+    backstop for a message the broker loses.
+
+    Nothing marked: an admission committing now may have been invisible to
+    this query, and the dispatcher it woke may have seen the lock still held,
+    so wake the dispatcher again once the release commits."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute(_NEXT_SQL, {"endpoint_id": endpoint_id})
+            waiting = cur.fetchone()[0]
+        if waiting is not None:
+            publish(RUN_TICKET, str(waiting))
+        return
+    waiting = (
+        Ticket.objects.filter(
+            endpoint_id=endpoint_id, state=TicketState.QUEUED, needs_dispatch=True
+        )
+        .order_by("id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if waiting is None:
+        wake_dispatcher()
+        return
+    Ticket.objects.filter(id=waiting).update(needs_dispatch=False)
+    publish(RUN_TICKET, str(waiting))
+
+
+# What the dispatcher owes, in one statement: the lock rows of free, available
+# endpoints with a queued ticket marked as owing a dispatch, locked in
+# endpoint order (FOR UPDATE waits out a start or a release in flight, then
+# re-checks the row: a lock taken meanwhile drops out); for each, its oldest
+# marked ticket (skipping one a cancel holds), unmarked only if still marked
+# and queued. One message per free endpoint: the release of the turn it
+# starts publishes the next marked ticket.
+_OWED_SQL = """
+WITH owed AS (
+    SELECT DISTINCT t.endpoint_id FROM tickets_ticket t
+    WHERE t.state = 'queued' AND t.needs_dispatch
+),
+free AS (
+    SELECT l.endpoint_id FROM endpoints_endpointlock l
+    JOIN endpoints_endpoint e ON e.id = l.endpoint_id
+    WHERE l.endpoint_id IN (SELECT endpoint_id FROM owed)
+      AND l.holder_id IS NULL AND e.state = 'available'
+    ORDER BY l.endpoint_id
+    LIMIT %(limit)s
+    FOR UPDATE OF l
+),
+pick AS (
+    SELECT p.id FROM free CROSS JOIN LATERAL (
+        SELECT t.id FROM tickets_ticket t
+        WHERE t.endpoint_id = free.endpoint_id AND t.state = 'queued' AND t.needs_dispatch
+        ORDER BY t.id LIMIT 1
+        FOR UPDATE OF t SKIP LOCKED) p
+)
+UPDATE tickets_ticket t SET needs_dispatch = false
+FROM pick WHERE t.id = pick.id AND t.state = 'queued' AND t.needs_dispatch
+RETURNING t.id
+"""
+
+
+def dispatch_owed(*, limit: int | None = None) -> list[uuid.UUID]:
+    """The dispatcher's pass: unmark, in one statement, the oldest owed ticket
+    of every free endpoint, then publish them in one batch (after the commit:
+    no I/O under a lock). A crash between the two leaves a queued ticket with
+    neither mark nor message: the lost-dispatch sweep publishes it."""
+    limit = limit or settings.DISPATCHER_BATCH
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:  # one statement: atomic in autocommit
+            cur.execute(_OWED_SQL, {"limit": limit})
+            ids = [row[0] for row in cur.fetchall()]
+    else:
+        ids = _dispatch_owed_orm(limit)
+    if ids:
+        publish_now(RUN_TICKET, [str(i) for i in ids])
+    return ids
+
+
+def _dispatch_owed_orm(limit: int) -> list[uuid.UUID]:
+    """The same pass on SQLite, where a write transaction holds the whole
+    database (so the lock rows need no row locks)."""
+    ids: list[uuid.UUID] = []
+    with transaction.atomic():
+        owed = (
+            Ticket.objects.filter(state=TicketState.QUEUED, needs_dispatch=True)
+            .values_list("endpoint_id", flat=True)
+            .distinct()
+        )
+        free = EndpointLock.objects.filter(
+            endpoint_id__in=list(owed),
+            holder__isnull=True,
+            endpoint__state=EndpointState.AVAILABLE,
+        ).values_list("endpoint_id", flat=True)[:limit]
+        for endpoint_id in free:
+            oldest = (
+                Ticket.objects.filter(
+                    endpoint_id=endpoint_id, state=TicketState.QUEUED, needs_dispatch=True
+                )
+                .order_by("id")
+                .values_list("id", flat=True)
+                .first()
+            )
+            if oldest and Ticket.objects.filter(
+                id=oldest, state=TicketState.QUEUED, needs_dispatch=True
+            ).update(needs_dispatch=False):
+                ids.append(oldest)
+    return ids
+
+
+def sweep_lost_dispatches() -> list[uuid.UUID]:
+    """Re-publish the oldest queued ticket of each free, available endpoint
+    whose queue has waited longer than ``REDISPATCH_AFTER_S`` (the broker lost
+    the message, or the publish failed after commit). A duplicate message is
+    harmless: the ticket row decides."""
+    cutoff = timezone.now() - timedelta(seconds=settings.REDISPATCH_AFTER_S)
+    published: list[uuid.UUID] = []
+    with sweep_lock("dispatch") as mine, transaction.atomic():
+        if not mine:
+            return published
+        free = EndpointLock.objects.filter(
+            holder__isnull=True, endpoint__state=EndpointState.AVAILABLE
+        ).values_list("endpoint_id", flat=True)
+        for endpoint_id in free:
+            oldest = (
+                Ticket.objects.filter(endpoint_id=endpoint_id, state=TicketState.QUEUED)
+                .order_by("id")
+                .values_list("id", "updated_at")
+                .first()
+            )
+            if oldest and oldest[1] <= cutoff:
+                publish(RUN_TICKET, str(oldest[0]))
+                published.append(oldest[0])
+    if published:
+        log.warning("re-dispatched %d queued ticket(s) whose messages were lost", len(published))
+    return published

@@ -1,0 +1,191 @@
+"""Running a ticket in the worker: start the turn, run the runner with
+the heartbeat thread and the endpoint's history, finish the turn; start and
+finish wait out a database outage."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Any
+
+from django.conf import settings
+
+from config.transient import (
+    retry_transient,
+)
+from tickets.models import Ticket, TicketState
+
+from .. import registry, runners
+from ..models import (
+    ContextEntry,
+    Turn,
+)
+from ..runners import Outcome, TurnContext
+from .finish import Finished, finish_turn
+from .heartbeats import Heartbeater
+from .start import Started, start_turn, started_by
+
+log = logging.getLogger(__name__)
+
+
+HISTORY_ENTRIES = 20
+
+
+def run_ticket(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> uuid.UUID | None:
+    """What the worker does with a dispatch message: start the turn, run the
+    runner outside any transaction while heartbeating, finish the turn. Start
+    and finish wait out a database outage (``start_with_retry``,
+    ``finish_with_retry``); the heartbeat goes on until the finish is in."""
+    # A worker's pool process records the turn it runs; the one-statement
+    # start and finish write that slot themselves (endpoints.registry).
+    slot = registry.current_slot()
+    started = start_with_retry(ticket_id=ticket_id, celery_task_id=celery_task_id, slot=slot)
+    if started is None:
+        return None
+    turn, ticket, endpoint = started.turn, started.ticket, started.endpoint
+    interrupt = threading.Event()
+    interval = runners.heartbeat_interval(endpoint.heartbeat_timeout_s, endpoint.interrupt_grace_s)
+    beater = Heartbeater(turn, interval, interrupt)
+    ctx = TurnContext(
+        ticket_id=ticket.id,
+        turn_id=turn.id,
+        seq=turn.seq,
+        endpoint=endpoint.address,
+        input=ticket.input,
+        _load_history=lambda: recent_history(endpoint.id),
+        deadline=turn.deadline_at,
+        runner=endpoint.runner,
+        interrupt_grace_s=endpoint.interrupt_grace_s,
+        _interrupt=interrupt,
+        _heartbeat=beater.beat,
+        _children_of=lambda parent: children_of(endpoint.id, parent),
+        token=started.token,
+    )
+    log.info(
+        "turn %s seq %s started for ticket %s on %s", turn.id, turn.seq, ticket.id, endpoint.address
+    )
+    beater.start()
+    with _current_lock:
+        _current[turn.id] = (turn, interrupt)
+    if not started.slot_recorded:
+        registry.slot_busy(turn.id)
+    idle_recorded = False
+    try:
+        outcome = runners.run(ctx)
+        if outcome.kind == "deferred":
+            log.info("turn %s deferred: the agent answers through the API", turn.id)
+            return turn.id
+        if outcome.kind == "unproven":
+            # Nothing proves the turn stopped: no finish, the sweep quarantines.
+            log.error("turn %s: no stop evidence (%s)", turn.id, outcome.evidence)
+            return turn.id
+        idle_recorded = finish_with_retry(turn=turn, outcome=outcome, slot=slot).slot_recorded
+    finally:
+        with _current_lock:
+            _current.pop(turn.id, None)
+        if not idle_recorded:
+            registry.slot_idle()
+        beater.stop()
+    return turn.id
+
+
+# The turns this process runs right now, with their interrupt flags: the
+# worker's shutdown interrupts them (endpoints.worker).
+_current: dict[uuid.UUID, tuple[Turn, threading.Event]] = {}
+_current_lock = threading.Lock()
+
+
+def current_turns() -> list[tuple[Turn, threading.Event]]:
+    with _current_lock:
+        return list(_current.values())
+
+
+def recent_history(endpoint_id: int) -> list[dict[str, Any]]:
+    rows = ContextEntry.objects.filter(endpoint_id=endpoint_id).order_by("-seq")[:HISTORY_ENTRIES]
+    return [
+        {"seq": e.seq, "ticket": str(e.ticket_id), "input": e.input, "result": e.result}
+        for e in reversed(rows)
+    ]
+
+
+def children_of(endpoint_id: int, parent_id: str) -> list[dict[str, Any]]:
+    try:
+        parent_uuid = uuid.UUID(str(parent_id))
+    except ValueError:
+        return []
+    # Only this endpoint's own tickets: a runner reads its own work, nobody else's.
+    rows = Ticket.objects.filter(
+        parent_id=parent_uuid, parent__endpoint_id=endpoint_id, callback_for__isnull=True
+    )
+    children = []
+    for child in rows.order_by("id"):
+        # A child superseded by an owner's re-run answers through the re-run
+        # (DESIGN.md flow 7): show the latest re-run's state and result.
+        answer = child
+        while answer.state == TicketState.ORPHANED and (
+            rerun := Ticket.objects.filter(rerun_of_id=answer.id).order_by("-id").first()
+        ):
+            answer = rerun
+        entry = {
+            "id": str(child.id),
+            "state": answer.state,
+            "result": answer.result,
+            "error": answer.error,
+        }
+        if answer.id != child.id:
+            entry["answered_by"] = str(answer.id)
+        children.append(entry)
+    return children
+
+
+def start_with_retry(
+    *, ticket_id: uuid.UUID, celery_task_id: str, slot: tuple[str, int] | None = None
+) -> Started | None:
+    """``start_turn`` through a database outage. The broker message is used up
+    (early acknowledgement), so giving up early would leave the ticket to the
+    lost-dispatch sweep; retrying costs only latency.
+
+    A start whose COMMIT went through but whose reply was lost has made a
+    running turn that only this worker knows about: left alone it would never
+    heartbeat and its endpoint would be quarantined. So a retry first looks
+    for a running turn started by this very message (its Celery task id,
+    this worker process) and, if there is one, runs it."""
+    attempts = 0
+
+    def attempt() -> Started | None:
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1 and celery_task_id:
+            mine = started_by(celery_task_id)
+            if mine is not None:
+                log.warning(
+                    "turn %s seq %s was started by an attempt whose reply was lost; running it",
+                    mine.turn.id,
+                    mine.turn.seq,
+                )
+                return mine
+        return start_turn(ticket_id=ticket_id, celery_task_id=celery_task_id, slot=slot)
+
+    return retry_transient(
+        attempt, what=f"start for ticket {ticket_id}", max_s=settings.FINISH_RETRY_MAX_S
+    )
+
+
+def finish_with_retry(
+    *, turn: Turn, outcome: Outcome, slot: tuple[str, int] | None = None
+) -> Finished:
+    """``finish_turn`` for an outcome this worker knows, through a database
+    outage: retried with backoff for up to ``FINISH_RETRY_MAX_S`` while the
+    heartbeat goes on. Exactly once: when an attempt committed but lost its
+    reply, the retry finds this turn already ended with this same outcome
+    (``outcome_sha256`` on its terminal event) and records nothing again.
+    Domain errors are not retried. After the last attempt fails the turn is
+    left to the budget sweep (fail closed: quarantine)."""
+    return retry_transient(
+        lambda: finish_turn(
+            turn_id=turn.id, seq=turn.seq, outcome=outcome, source="worker", turn=turn, slot=slot
+        ),
+        what=f"finish of turn {turn.id} seq {turn.seq}",
+        max_s=settings.FINISH_RETRY_MAX_S,
+    )

@@ -1,0 +1,91 @@
+"""Response bodies of the endpoint and turn routes (API.md "Endpoints",
+"Turns"): the shapes ``endpoint_payload`` and ``turn_payload`` build."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from config.schemas import Out
+
+
+class SubmittersOut(Out):
+    users: list[str]
+    groups: list[str]
+
+
+class LockOut(Out):
+    holder_turn: str | None = None
+    token: int | None = None
+    acquired_at: str | None = None
+
+
+class EndpointOut(Out):
+    address: str
+    aliases: list[str]
+    runner: dict[str, Any]
+    owners: list[str]
+    submitters: SubmittersOut | None = None
+    state: str
+    lock: LockOut
+    queued: int
+    turn_seq: int
+    turn_budget_s: int | float
+    interrupt_grace_s: int | float
+    heartbeat_timeout_s: int | float
+    requires_approval: bool
+    busy_policy: str
+    open_case: str | None = None
+
+
+class TurnOut(Out):
+    id: str
+    endpoint: str
+    ticket: str
+    seq: int
+    state: str
+    started_at: str | None = None
+    heartbeat_at: str | None = None
+    deadline_at: str | None = None
+    interrupt_requested_at: str | None = None
+    ended_at: str | None = None
+    stop_evidence: Any = None
+
+
+class HeartbeatOut(TurnOut):
+    interrupt_requested: bool
+
+
+class SlotTurnOut(Out):
+    id: str
+    seq: int
+    state: str
+    endpoint: str
+    ticket: str
+    ticket_state: str
+    budget_left_s: float
+
+
+class WorkerSlotOut(Out):
+    pid: int
+    status: str  # idle | running | interrupting | held
+    turn: SlotTurnOut | None = None
+    since: str | None = None
+
+
+class WorkerOut(Out):
+    name: str
+    host: str
+    pid: int
+    queues: list[str]
+    pool_size: int
+    started_at: str | None = None
+    last_seen_at: str | None = None
+    status: str  # alive | lost
+    busy: int
+    slots: list[WorkerSlotOut]
+
+
+class WorkersOut(Out):
+    workers: list[WorkerOut]
+    held_turns: list[str]
+    starved_endpoints: list[str]

@@ -1,0 +1,116 @@
+"""The test run's two database roles (README, "Database roles").
+
+`make test` sets DATABASE_URL to the owner role and DATABASE_APP_ROLE to the
+application role. pytest-django creates and migrates the test database as the
+owner (migrate's post_migrate grants the application role its privileges);
+then every in-process connection and every Celery process started by the
+tests connects as the application role, so the suite proves the code runs
+with nothing more. Two things still need the owner:
+
+- the flush between transactional tests (Django TRUNCATEs every table): it
+  runs as the owner in a maintenance session, ``claimcheck.allow_truncate =
+  on``, the documented privileged path past the append-only tables' TRUNCATE
+  trigger;
+- tests that show a trigger refusing the owner itself: ``owner_cursor``.
+
+Without DATABASE_APP_ROLE everything runs as DATABASE_URL's one role.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connections
+from django.test import TransactionTestCase
+
+# The owner's credentials, once the in-process connections use the app role.
+OWNER: dict[str, str] = {}
+MAINTENANCE_OPTIONS = "-c claimcheck.allow_truncate=on"
+
+
+def two_roles() -> bool:
+    return bool(OWNER)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, created and migrated as the owner;
+    from here on in-process code connects as the application role."""
+    db = settings.DATABASES["default"]  # the dict every thread's connection reads
+    role = settings.DATABASE_APP_ROLE
+    if not role or role == db["USER"]:
+        yield
+        return
+    OWNER.update(USER=db["USER"], PASSWORD=db.get("PASSWORD") or "")
+    with django_db_blocker.unblock():
+        connections.close_all()
+    # No password: trust on 127.0.0.1, or libpq's ~/.pgpass, as for the owner.
+    db.update(USER=role, PASSWORD="")
+    yield
+    connections.close_all()
+    db.update(OWNER)  # pytest-django drops the test database as its owner
+    OWNER.clear()
+
+
+@contextlib.contextmanager
+def owner_session(*, maintenance: bool, alias: str = "default"):
+    """This thread's ``alias`` connects as the owner until the block ends; in
+    a maintenance session (``claimcheck.allow_truncate = on``) if asked."""
+    conn = connections[alias]
+    saved = conn.settings_dict
+    conn.close()
+    options = dict(saved.get("OPTIONS", {}))
+    if maintenance:
+        options["options"] = MAINTENANCE_OPTIONS
+    conn.settings_dict = {**saved, **OWNER, "OPTIONS": options}
+    try:
+        yield conn
+    finally:
+        conn.close()
+        conn.settings_dict = saved
+
+
+def _flush_as_owner(teardown):
+    # TransactionTestCase flushes (TRUNCATEs) every table after each test; the
+    # application role may not, so the flush runs in the owner's maintenance
+    # session. TestCase overrides this method (it rolls back instead).
+    def _fixture_teardown(self):
+        if not OWNER:
+            return teardown(self)
+        with owner_session(maintenance=True):
+            return teardown(self)
+
+    _fixture_teardown.flushes_as_owner = True
+    return _fixture_teardown
+
+
+if not getattr(TransactionTestCase._fixture_teardown, "flushes_as_owner", False):
+    TransactionTestCase._fixture_teardown = _flush_as_owner(TransactionTestCase._fixture_teardown)
+
+
+def connect(*, owner: bool, options: str = "") -> psycopg.Connection:
+    """A separate autocommit connection to the test database, as the owner
+    or as the application role (or the one role without DATABASE_APP_ROLE)."""
+    db = connections["default"].settings_dict
+    creds = OWNER if owner and OWNER else {"USER": db["USER"], "PASSWORD": db.get("PASSWORD")}
+    return psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"] or None,
+        dbname=db["NAME"],
+        user=creds["USER"],
+        password=creds["PASSWORD"] or None,
+        # A test's own open transaction must not hang a TRUNCATE here forever.
+        options=f"-c lock_timeout=10s {options}".strip(),
+        autocommit=True,
+    )
+
+
+@pytest.fixture
+def owner_cursor(django_db_setup):
+    """A cursor of the owner role's, outside the test's transaction (use it
+    with committed data: ``django_db(transaction=True)``)."""
+    with connect(owner=True) as conn, conn.cursor() as cur:
+        yield cur

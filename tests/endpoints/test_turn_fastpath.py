@@ -1,0 +1,282 @@
+"""Start and finish of a turn in one statement each (endpoints/runtime/
+fastpath.py), against real PostgreSQL: the same rows as the general path,
+one statement each, and the guards under races (threads, real row locks):
+two finishes of one turn, a stale ``seq``, a start racing a quarantine."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from endpoints import runtime
+from endpoints.models import ContextEntry, Endpoint, EndpointLock, Turn
+from endpoints.runners import Outcome
+from tickets.admission import admit_ticket
+from tickets.models import Delivery, Ticket, TicketEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def postgres_only():
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement turn is PostgreSQL's")
+
+
+def _started(make_endpoint, address):
+    make_endpoint(address)
+    ticket = admit_ticket(endpoint=address, input={"x": 1}).ticket
+    started = runtime.start_turn(ticket_id=ticket.id)
+    assert started is not None
+    return started
+
+
+def _shape(ticket_id):
+    """What a turn left behind, without ids and clocks."""
+    t = Ticket.objects.get(id=ticket_id)
+    turn = Turn.objects.get(ticket_id=ticket_id)
+    events = [
+        (e.kind, e.from_state, e.to_state, e.actor.split(":")[0], sorted(e.detail))
+        for e in TicketEvent.objects.filter(ticket_id=ticket_id).order_by("id")
+    ]
+    entry = ContextEntry.objects.get(turn=turn)
+    delivery = Delivery.objects.get(ticket_id=ticket_id)
+    lock = EndpointLock.objects.get(endpoint_id=t.endpoint_id)
+    return {
+        "ticket": (t.state, t.result, t.error, t.artifacts, t.delivery_state, t.version),
+        "turn": (turn.state, turn.seq, turn.runner_kind, turn.ended_at is not None),
+        "events": events,
+        "entry": (entry.seq, entry.input, entry.result, entry.artifacts),
+        "delivery": (delivery.mode, delivery.url, delivery.next_attempt_at),
+        "lock": (lock.holder_id, lock.token),
+        "finished": t.finished_at is not None,
+        "turn_of_ticket": t.turn_id == turn.id,
+    }
+
+
+@pytest.mark.parametrize("outcome", ["success", "failure"])
+def test_the_fast_path_writes_what_the_general_path_writes(make_endpoint, settings, outcome):
+    shapes = []
+    for fast in (False, True):
+        settings.TURN_FAST_PATH = fast
+        started = _started(make_endpoint, f"shape-{outcome}-{fast}".lower())
+        out = (
+            Outcome.success({"ok": True})
+            if outcome == "success"
+            else Outcome.failure({"code": "boom", "detail": "x"})
+        )
+        done = runtime.finish_turn(
+            turn_id=started.turn.id, seq=started.turn.seq, outcome=out, source="worker"
+        )
+        assert done.accepted and not done.duplicate
+        shapes.append(_shape(started.ticket.id))
+    assert shapes[0] == shapes[1]
+
+
+def test_start_and_finish_are_one_statement_each(make_endpoint, settings):
+    settings.TURN_FAST_PATH = True
+    make_endpoint("one-each")
+    ticket = admit_ticket(endpoint="one-each", input={}).ticket
+    with CaptureQueriesContext(connection) as start_q:
+        started = runtime.start_turn(ticket_id=ticket.id)
+    assert started.ticket.state == "running" and started.turn.seq == 1
+    assert started.endpoint.address == "one-each" and started.ticket.input == {}
+    with CaptureQueriesContext(connection) as finish_q:
+        runtime.finish_turn(
+            turn_id=started.turn.id,
+            seq=1,
+            outcome=Outcome.success({}),
+            source="worker",
+            turn=started.turn,
+        )
+    assert len(start_q.captured_queries) == 1, start_q.captured_queries
+    assert len(finish_q.captured_queries) == 1, finish_q.captured_queries
+    assert Ticket.objects.get(id=ticket.id).state == "succeeded"
+
+
+def _threads(*fns):
+    barrier = threading.Barrier(len(fns))
+    results: list = [None] * len(fns)
+    errors: list[BaseException] = []
+
+    def wrap(i, fn):
+        def run():
+            try:
+                barrier.wait(timeout=10)
+                results[i] = fn()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        return run
+
+    threads = [threading.Thread(target=wrap(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-outcome", "other-outcome"])
+def test_two_finishes_of_one_turn_apply_once(make_endpoint, settings, same):
+    settings.TURN_FAST_PATH = True
+    for round_ in range(5):
+        started = _started(make_endpoint, f"twice-{same}-{round_}".lower())
+        a = Outcome.success({"n": 1})
+        b = a if same else Outcome.success({"n": 2})
+
+        def finish(outcome, started=started):
+            return runtime.finish_turn(
+                turn_id=started.turn.id, seq=started.turn.seq, outcome=outcome, source="worker"
+            )
+
+        results = _threads(lambda a=a: finish(a), lambda b=b: finish(b))
+        applied = [r for r in results if r.accepted and not r.duplicate]
+        assert len(applied) == 1, results
+        other = next(r for r in results if r is not applied[0])
+        assert other.duplicate if same else not other.accepted
+        tid = started.ticket.id
+        assert TicketEvent.objects.filter(ticket_id=tid, kind="turn_completed").count() == 1
+        assert Delivery.objects.filter(ticket_id=tid).count() == 1
+        assert ContextEntry.objects.filter(turn_id=started.turn.id).count() == 1
+        assert EndpointLock.objects.get(endpoint_id=started.endpoint.id).holder_id is None
+
+
+def test_a_stale_seq_changes_nothing(make_endpoint, settings):
+    settings.TURN_FAST_PATH = True
+    started = _started(make_endpoint, "stale")
+    before = Ticket.objects.get(id=started.ticket.id).version
+    done = runtime.finish_turn(
+        turn_id=started.turn.id,
+        seq=started.turn.seq - 1,
+        outcome=Outcome.success({}),
+        source="worker",
+    )
+    assert not done.accepted
+    t = Ticket.objects.get(id=started.ticket.id)
+    assert t.state == "running" and t.version == before
+    assert Turn.objects.get(id=started.turn.id).state == "running"
+    lock = EndpointLock.objects.get(endpoint_id=started.endpoint.id)
+    assert lock.holder_id == started.turn.id and lock.token == started.turn.seq
+    assert not Delivery.objects.filter(ticket_id=t.id).exists()
+    # Recorded as evidence, and nothing else.
+    assert TicketEvent.objects.filter(ticket_id=t.id, kind="stale_outcome").count() == 1
+
+
+def test_a_start_waiting_on_a_quarantine_starts_nothing(make_endpoint, settings):
+    """The quarantine holds the endpoint row when the start statement reaches
+    it: the start waits, re-reads the row after the commit, finds the
+    endpoint quarantined and writes only the ticket's ``needs_dispatch``."""
+    settings.TURN_FAST_PATH = True
+    endpoint = make_endpoint("quarantine-race")
+    ticket = admit_ticket(endpoint="quarantine-race", input={}).ticket
+    Ticket.objects.filter(id=ticket.id).update(needs_dispatch=False)
+    held = threading.Event()
+    release = threading.Event()
+
+    def quarantine():
+        with transaction.atomic():
+            Endpoint.objects.filter(id=endpoint.id).update(state="quarantined")
+            held.set()
+            assert release.wait(20)
+        return "quarantined"
+
+    def start():
+        assert held.wait(20)
+        return runtime.start_turn(ticket_id=ticket.id)
+
+    def referee():
+        deadline = time.monotonic() + 20
+        while not _someone_waits_on_a_lock():
+            assert time.monotonic() < deadline, "the start never waited on the endpoint row"
+            time.sleep(0.02)
+        release.set()
+
+    results = _threads(quarantine, start, referee)
+    assert results[1] is None
+    t = Ticket.objects.get(id=ticket.id)
+    assert t.state == "queued" and t.needs_dispatch and t.turn_id is None
+    assert not Turn.objects.filter(endpoint_id=endpoint.id).exists()
+    assert Endpoint.objects.get(id=endpoint.id).turn_seq == 0
+    assert EndpointLock.objects.get(endpoint_id=endpoint.id).holder_id is None
+
+
+def test_starts_racing_on_one_endpoint_take_the_lock_once(make_endpoint, settings):
+    settings.TURN_FAST_PATH = True
+    make_endpoint("start-race")
+    ids = [admit_ticket(endpoint="start-race", input={"i": i}).ticket.id for i in range(4)]
+    Ticket.objects.filter(id__in=ids).update(needs_dispatch=False)
+    results = _threads(*[(lambda i=i: runtime.start_turn(ticket_id=i)) for i in ids])
+    started = [r for r in results if r is not None]
+    assert len(started) == 1
+    # FIFO: the oldest queued ticket runs, whichever message got there.
+    assert started[0].ticket.id == ids[0] and started[0].turn.seq == 1
+    others = Ticket.objects.filter(id__in=ids[1:])
+    assert all(t.state == "queued" for t in others)
+    # Every message used up without its ticket starting left a mark.
+    assert {t.id for t in others if t.needs_dispatch} == set(ids[1:])
+
+
+def test_a_start_waiting_on_a_finish_holds_the_lock_it_finds_free(make_endpoint, settings):
+    """The finish holds the lock row (uncommitted) when the next start
+    reaches it: the start waits, finds the lock free at the finish's commit,
+    and its turn must then hold it (a statement's snapshot still shows the
+    old holder)."""
+    settings.TURN_FAST_PATH = True
+    first = _started(make_endpoint, "handover")
+    second = admit_ticket(endpoint="handover", input={"n": 2}).ticket
+    finished = threading.Event()
+    release = threading.Event()
+
+    def finish():
+        with transaction.atomic():
+            done = runtime.finish_turn(
+                turn_id=first.turn.id,
+                seq=first.turn.seq,
+                outcome=Outcome.success({}),
+                source="worker",
+            )
+            finished.set()
+            assert release.wait(20)
+        return done
+
+    def start():
+        assert finished.wait(20)
+        return runtime.start_turn(ticket_id=second.id)
+
+    def referee():
+        deadline = time.monotonic() + 20
+        while not _someone_waits_on_a_lock():
+            assert time.monotonic() < deadline, "the start never waited on the lock row"
+            time.sleep(0.02)
+        release.set()
+
+    done, started, _ = _threads(finish, start, referee)
+    assert done.accepted and started is not None
+    assert started.ticket.id == second.id and started.turn.seq == first.turn.seq + 1
+    lock = EndpointLock.objects.get(endpoint_id=first.endpoint.id)
+    assert (lock.holder_id, lock.token) == (started.turn.id, started.turn.seq)
+    assert Ticket.objects.get(id=second.id).state == "running"
+
+
+def _someone_waits_on_a_lock():
+    with connections["default"].cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+        return cur.fetchone()[0] > 0
+
+
+def test_every_placeholder_of_the_statements_is_filled():
+    from endpoints.runtime import fastpath
+
+    for sql in (fastpath.START_SQL, fastpath._FINISH_SUCCESS, fastpath._FINISH_FAILURE):
+        assert "{" not in sql and "}" not in sql

@@ -1,0 +1,480 @@
+"""The ledger audit (``manage.py audit_ledger``, recovery/audit.py).
+
+A ledger written by real flows passes. Each invariant then gets one
+violation and the command must fail naming it. The violations are written
+with raw SQL as the database superuser: ONLY here, to fabricate corruption
+that the services never write (that is the point of an audit). Everything
+else in these tests goes through the services.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, transaction
+from django.utils import timezone
+
+from endpoints import runtime
+from endpoints.models import Turn
+from endpoints.runners import Outcome
+from health.models import SweepRun
+from recovery.audit import audit_ledger
+from tests.db_roles import owner_session
+from tickets.admission import admit_ticket
+from tickets.models import Ticket
+
+
+def run_audit(*args: str) -> tuple[int, str]:
+    """(exit status, stdout) of ``manage.py audit_ledger``."""
+    out = StringIO()
+    try:
+        call_command("audit_ledger", *args, stdout=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue() + f"\n{exc}"
+    return 0, out.getvalue()
+
+
+def corrupt(sql: str, params: list | None = None) -> None:
+    """Raw SQL as the superuser: fabricated corruption, never a service path."""
+    with connection.cursor() as cur:
+        cur.execute(sql, params or [])
+
+
+def finish(ticket_id: uuid.UUID, outcome: Outcome | None = None) -> Turn:
+    """Start the endpoint's next turn and finish it through the runtime."""
+    started = runtime.start_turn(ticket_id=ticket_id)
+    assert started is not None and started.ticket.id == ticket_id
+    runtime.finish_turn(
+        turn_id=started.turn.id,
+        seq=started.turn.seq,
+        outcome=outcome or Outcome.success({"done": str(ticket_id)}),
+        source="test",
+    )
+    return Turn.objects.get(id=started.turn.id)
+
+
+def admit(address: str, n: int = 0, **kw) -> Ticket:
+    return admit_ticket(endpoint=address, input={"n": n}, actor="test", **kw).ticket
+
+
+@pytest.fixture
+def ledger(make_endpoint):
+    """A small ledger written by the services: two finished turns on one
+    endpoint, a failed one, a queued ticket just admitted."""
+    make_endpoint("audit.a")
+    make_endpoint("audit.b")
+    t1, t2, t3 = admit("audit.a", 1), admit("audit.a", 2), admit("audit.b", 3)
+    turn1, turn2 = finish(t1.id), finish(t2.id)
+    turn3 = finish(t3.id, Outcome.failure({"code": "boom", "detail": "failed on purpose"}))
+    queued = admit("audit.b", 4)
+    return {"tickets": [t1, t2, t3, queued], "turns": [turn1, turn2, turn3]}
+
+
+def names(out: str, kind: str, *ids) -> bool:
+    lines = [line for line in out.splitlines() if line.startswith(kind + " ")]
+    return any(all(str(i) in line for i in ids) for line in lines)
+
+
+# --- Clean ledgers ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_ledger_written_by_the_services_passes(ledger, quarantine):
+    quarantine("audit.stuck")  # a quarantined endpoint with its one open case
+    status, out = run_audit()
+    assert status == 0, out
+    assert "clean" in out
+
+
+@pytest.mark.django_db
+def test_json_output_lists_each_violation_with_kind_and_ids(ledger):
+    t1 = ledger["tickets"][0]
+    corrupt("UPDATE tickets_ticket SET state = 'failed' WHERE id = %s", [t1.id])
+    out = StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command("audit_ledger", "--json", stdout=out)
+    assert failed.value.returncode == 1
+    report = json.loads(out.getvalue())
+    assert report["ok"] is False
+    assert report["counts"]["event_state_mismatch"] == 1
+    [violation] = [v for v in report["violations"] if v["kind"] == "event_state_mismatch"]
+    assert violation["ids"]["ticket"] == str(t1.id)
+    assert "failed" in violation["detail"] and "succeeded" in violation["detail"]
+
+
+@pytest.mark.django_db
+def test_since_leaves_out_older_records(ledger):
+    t1 = ledger["tickets"][0]
+    corrupt("UPDATE tickets_ticket SET state = 'failed' WHERE id = %s", [t1.id])
+    assert run_audit("--since", "1h")[0] == 1
+    later = (timezone.now() + timedelta(minutes=5)).isoformat()
+    status, out = run_audit("--since", later)
+    assert status == 0, out
+
+
+@pytest.mark.django_db
+def test_a_bad_since_is_a_clear_error():
+    with pytest.raises(CommandError, match="--since"):
+        call_command("audit_ledger", "--since", "yesterday-ish")
+
+
+# --- One violation per invariant ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_overlapping_turns_of_one_endpoint_are_named(ledger):
+    turn1, turn2, _ = ledger["turns"]
+    # turn 2 starts before turn 1 ended (still after turn 1 started).
+    corrupt(
+        "UPDATE endpoints_turn SET started_at = %s WHERE id = %s",
+        [turn1.ended_at - timedelta(microseconds=500), turn2.id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "turn_overlap", turn2.id, turn1.id), out
+    assert "seq_order" not in out  # start order still matches seq
+
+
+@pytest.mark.django_db
+def test_a_long_turn_overlapping_a_later_one_is_seen(make_endpoint):
+    make_endpoint("audit.long")
+    tickets = [admit("audit.long", i) for i in range(3)]
+    turns = [finish(t.id) for t in tickets]
+    # Turn 1 now ends after turn 3 started: it overlaps both later turns.
+    corrupt(
+        "UPDATE endpoints_turn SET ended_at = %s WHERE id = %s",
+        [turns[2].started_at + timedelta(seconds=1), turns[0].id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "turn_overlap", turns[1].id, turns[0].id), out
+    assert names(out, "turn_overlap", turns[2].id), out
+
+
+@pytest.mark.django_db
+def test_seq_out_of_start_order_is_named(ledger):
+    turn1, turn2, _ = ledger["turns"]
+    corrupt("UPDATE endpoints_turn SET seq = 0 WHERE id = %s", [turn2.id])  # 1 then 0
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "seq_order", turn2.id, turn1.id), out
+
+
+@pytest.mark.django_db
+def test_seq_above_the_endpoints_counter_is_named(ledger):
+    _, turn2, _ = ledger["turns"]
+    corrupt("UPDATE endpoints_endpoint SET turn_seq = 1 WHERE address = 'audit.a'")
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "seq_order", turn2.id, "audit.a"), out
+
+
+@pytest.mark.django_db
+def test_a_result_from_another_tickets_turn_is_named(ledger):
+    t1 = ledger["tickets"][0]
+    _, turn2, _ = ledger["turns"]
+    corrupt("UPDATE tickets_ticket SET turn_id = %s WHERE id = %s", [turn2.id, t1.id])
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "foreign_result", t1.id, turn2.id), out
+
+
+@pytest.mark.django_db
+def test_a_result_on_a_ticket_that_did_not_succeed_is_named(ledger):
+    t3 = ledger["tickets"][2]  # failed
+    corrupt("""UPDATE tickets_ticket SET result = '{"invented": true}' WHERE id = %s""", [t3.id])
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "foreign_result", t3.id), out
+
+
+@pytest.mark.django_db
+def test_a_callback_completion_attributed_to_a_non_callback_turn_is_named(make_endpoint):
+    make_endpoint("audit.cb")
+    parent, other = admit("audit.cb", 1), admit("audit.cb", 2)
+    finish(parent.id)
+    other_turn = finish(other.id)
+    # As if a plain turn of another ticket had completed this one.
+    corrupt(
+        "UPDATE tickets_ticket SET completed_by_turn_id = %s WHERE id = %s",
+        [other_turn.id, parent.id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "foreign_result", parent.id, other_turn.id), out
+
+
+@pytest.mark.django_db
+def test_a_ticket_run_twice_is_named(ledger):
+    t1 = ledger["tickets"][0]
+    turn1, turn2, _ = ledger["turns"]
+    # A second turn ran the same ticket (after turn 2, so the order holds).
+    replay = uuid.uuid4()
+    corrupt(
+        """INSERT INTO endpoints_turn (id, endpoint_id, ticket_id, seq, state, runner_kind,
+               celery_task_id, worker, started_at, heartbeat_at, deadline_at,
+               interrupt_reason, ended_at)
+           SELECT %s, endpoint_id, ticket_id, 3, 'completed', runner_kind, '', '{}',
+               %s, %s, %s, '', %s
+           FROM endpoints_turn WHERE id = %s""",
+        [
+            replay,
+            turn2.ended_at + timedelta(seconds=1),
+            turn2.ended_at + timedelta(seconds=1),
+            turn2.ended_at + timedelta(seconds=60),
+            turn2.ended_at + timedelta(seconds=2),
+            turn1.id,
+        ],
+    )
+    corrupt("UPDATE endpoints_endpoint SET turn_seq = 3 WHERE address = 'audit.a'")
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "replayed_ticket", t1.id, turn1.id, replay), out
+
+
+@pytest.mark.django_db
+def test_a_second_turn_started_event_is_named(ledger):
+    t1 = ledger["tickets"][0]
+    corrupt(
+        """INSERT INTO tickets_ticketevent (ticket_id, kind, from_state, to_state, actor,
+               detail, at)
+           VALUES (%s, 'turn_started', 'queued', 'running', 'forged', '{}', now())""",
+        [t1.id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "replayed_ticket", t1.id), out
+    assert names(out, "event_state_mismatch", t1.id), out  # and the chain breaks
+
+
+@pytest.mark.django_db
+def test_a_running_ticket_without_a_live_turn_or_case_is_named(make_endpoint):
+    make_endpoint("audit.run")
+    ticket = admit("audit.run")
+    started = runtime.start_turn(ticket_id=ticket.id)
+    assert run_audit()[0] == 0  # running with its live turn: fine
+    corrupt(
+        "UPDATE endpoints_turn SET state = 'failed', ended_at = now() WHERE id = %s",
+        [started.turn.id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "running_without_turn", ticket.id, started.turn.id), out
+    assert names(out, "lock_mismatch", started.turn.id), out  # the lock names an ended turn
+
+
+@pytest.mark.django_db
+def test_a_live_turn_that_does_not_hold_the_lock_is_named(make_endpoint):
+    make_endpoint("audit.lock")
+    ticket = admit("audit.lock")
+    started = runtime.start_turn(ticket_id=ticket.id)
+    corrupt(
+        "UPDATE endpoints_endpointlock SET holder_id = NULL, token = NULL WHERE endpoint_id = %s",
+        [started.endpoint.id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "lock_mismatch", started.turn.id, ticket.id), out
+
+
+@pytest.mark.django_db
+def test_a_recovering_ticket_without_an_open_case_is_named(quarantine):
+    q = quarantine("audit.rec")
+    corrupt("UPDATE recovery_recoverycase SET state = 'decided' WHERE id = %s", [q.case.id])
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "recovering_without_case", q.ticket.id, q.turn.id), out
+    # ... and the quarantined endpoint now has no open case.
+    assert names(out, "quarantine_cases", "audit.rec"), out
+
+
+@pytest.mark.django_db
+def test_an_available_endpoint_with_an_open_case_is_named(quarantine):
+    q = quarantine("audit.avail")
+    corrupt("UPDATE endpoints_endpoint SET state = 'available' WHERE id = %s", [q.endpoint.id])
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "quarantine_cases", "audit.avail", q.case.id), out
+
+
+@pytest.mark.django_db(transaction=True)  # the owner's DDL needs its own session
+def test_two_callbacks_for_one_source_are_named(ledger):
+    source, cb1, cb2 = ledger["tickets"][0], ledger["tickets"][1], ledger["tickets"][2]
+    # The database's own guard (unique source) must go first: DDL, which only
+    # the owner role may run. The audit runs on the same connection inside the
+    # same transaction, which is rolled back: the constraint comes back.
+    with owner_session(maintenance=False), transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                """SELECT conname FROM pg_constraint
+                   WHERE conrelid = 'tickets_callback'::regclass AND contype = 'u'
+                     AND pg_get_constraintdef(oid) LIKE '%%(source_id)%%'"""
+            )
+            [(constraint,)] = cur.fetchall()
+        corrupt(f'ALTER TABLE tickets_callback DROP CONSTRAINT "{constraint}"')
+        for ticket in (cb1, cb2):
+            corrupt(
+                """INSERT INTO tickets_callback (source_id, target_id, ticket_id, created_at)
+                   VALUES (%s, %s, %s, now())""",
+                [source.id, ticket.endpoint_id, ticket.id],
+            )
+        status, out = run_audit()
+        transaction.set_rollback(True)
+    assert status == 1
+    assert names(out, "duplicate_callback", source.id), out
+
+
+@pytest.mark.django_db
+def test_a_queued_ticket_with_no_message_owed_or_in_flight_is_named(make_endpoint, settings):
+    settings.REDISPATCH_AFTER_S = 10
+    make_endpoint("audit.q")
+    fresh, old, owed = admit("audit.q", 1), admit("audit.q", 2), admit("audit.q", 3)
+    hour_ago = timezone.now() - timedelta(hours=1)
+    # Admitted an hour ago on a free endpoint that never ran a turn, and
+    # unmarked (as the dispatcher unmarks what it publishes): its message is
+    # long gone and nothing owes it one.
+    corrupt(
+        "UPDATE tickets_ticket SET created_at = %s, updated_at = %s WHERE id IN (%s, %s)",
+        [hour_ago, hour_ago, old.id, owed.id],
+    )
+    corrupt("UPDATE tickets_ticket SET needs_dispatch = false WHERE id = %s", [old.id])
+    corrupt("UPDATE tickets_ticket SET needs_dispatch = true WHERE id = %s", [owed.id])
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "stranded_queued", old.id), out
+    assert str(fresh.id) not in out  # just admitted: owed (marked)
+    assert str(owed.id) not in out  # marked: the dispatcher or a release publishes it
+    # With a window wider than its age, its admission counts as in flight.
+    assert run_audit("--in-flight-s", "7200")[0] == 0
+
+
+@pytest.mark.django_db
+def test_a_queued_ticket_behind_a_recent_release_is_not_stranded(make_endpoint, settings):
+    settings.REDISPATCH_AFTER_S = 10
+    make_endpoint("audit.rel")
+    first, waiting = admit("audit.rel", 1), admit("audit.rel", 2)
+    hour_ago = timezone.now() - timedelta(hours=1)
+    corrupt(
+        "UPDATE tickets_ticket SET created_at = %s, updated_at = %s WHERE id = %s",
+        [hour_ago, hour_ago, waiting.id],
+    )
+    finish(first.id)  # the release just now published the next ticket
+    assert run_audit()[0] == 0
+    corrupt("UPDATE endpoints_turn SET ended_at = %s WHERE ticket_id = %s", [hour_ago, first.id])
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "stranded_queued", waiting.id), out
+
+
+@pytest.mark.django_db
+def test_a_state_that_disagrees_with_the_last_event_is_named(ledger):
+    t2 = ledger["tickets"][1]
+    corrupt("UPDATE tickets_ticket SET state = 'cancelled' WHERE id = %s", [t2.id])
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "event_state_mismatch", t2.id), out
+
+
+@pytest.mark.django_db
+def test_a_violation_count_past_the_limit_is_counted_not_listed(make_endpoint):
+    make_endpoint("audit.many")
+    tickets = [admit("audit.many", i) for i in range(5)]
+    corrupt(
+        "UPDATE tickets_ticket SET state = 'failed' WHERE id = ANY(%s)",
+        [[t.id for t in tickets]],
+    )
+    report = audit_ledger(limit=2)
+    assert report.counts == {"event_state_mismatch": 5}
+    assert len(report.violations) == 2
+
+
+# --- After real flows (a real worker and beat) ---------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_the_ledger_after_real_flows_passes(worker, make_endpoint, api, owner):
+    """Echo, failure, duplicates, children with callbacks, cancels of a queued
+    and of a running ticket, a quarantine decided by its owner: the audit
+    finds nothing."""
+    from tests.conftest import wait_for
+
+    make_endpoint("flow.echo")
+    make_endpoint("flow.fail", path="endpoints.demo.fail")
+    make_endpoint("flow.research", path="endpoints.demo.research")
+    make_endpoint("flow.sleep", path="endpoints.demo.sleep")
+    make_endpoint(
+        "flow.stuck",
+        path="endpoints.demo.stuck",
+        owners=[owner.username],
+        turn_budget_s=1,
+        interrupt_grace_s=0.5,
+    )
+
+    def post(endpoint, input, key=None):  # noqa: A002
+        resp = api.post("/tickets", {"endpoint": endpoint, "input": input, "dedupe_key": key})
+        assert resp.status_code in (200, 201), resp.content
+        return resp.json()["id"]
+
+    ids = [post("flow.echo", {"i": i}, f"echo-{i}") for i in range(4)]
+    assert post("flow.echo", {"i": 0}, "echo-0") == ids[0]  # a duplicate finds it
+    ids.append(post("flow.fail", {}))
+    ids.append(post("flow.research", {"children": 3, "child_endpoint": "flow.echo"}, "research"))
+    running = post("flow.sleep", {"seconds": 30})
+    behind = post("flow.sleep", {"seconds": 30})
+    # The budget is enforced by beat's sweeps: wait until they run (beat can
+    # take many seconds to start on a loaded machine).
+    wait_for(
+        # (beat's routine "Sending due task" lines are DEBUG: the sweep's
+        # own record of its run says it ran.)
+        lambda: SweepRun.objects.filter(name="budgets").exists(),
+        timeout=90,
+        message="beat to send its first sweep",
+    )
+    stuck = post("flow.stuck", {"seconds": 8})
+    wait_for(
+        lambda: api.get(f"/tickets/{running}").json()["state"] == "running",
+        timeout=30,
+        message="the sleep turn to start",
+    )
+    assert api.post(f"/tickets/{behind}/cancel").json()["state"] == "cancelled"
+    assert api.post(f"/tickets/{running}/cancel").status_code == 200
+    ids += [running, behind, stuck]
+
+    case = wait_for(
+        lambda: api.get("/endpoints/flow.stuck").json()["open_case"],
+        timeout=60,
+        interval=0.2,
+        message="the stuck turn to be quarantined",
+    )
+    inspection = api.post(f"/recovery/cases/{case}/inspections").json()["id"]
+    decided = api.post(
+        f"/recovery/cases/{case}/decisions",
+        {"action": "finalize_orphan", "inspection": inspection, "rationale": "demo work"},
+    )
+    assert decided.status_code == 201, decided.content
+
+    terminal = {"succeeded", "failed", "cancelled", "orphaned"}
+
+    def all_terminal():
+        states = {i: api.get(f"/tickets/{i}").json()["state"] for i in ids}
+        return states if set(states.values()) <= terminal else None
+
+    states = wait_for(all_terminal, timeout=60, interval=0.2, message="every ticket to finish")
+    assert states[ids[5]] == "succeeded"  # research: completed by a callback's turn
+    assert Ticket.objects.filter(callback_for__isnull=False).count() == 3
+    assert states[running] == "cancelled" and states[stuck] == "orphaned"
+    # Let the stuck turn's late result land too (it is recorded as evidence).
+    wait_for(
+        lambda: Ticket.objects.get(id=stuck).events.filter(kind="stale_outcome").exists(),
+        timeout=30,
+        message="the stuck turn's late result",
+    )
+    status, out = run_audit()
+    assert status == 0, out

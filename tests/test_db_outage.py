@@ -1,0 +1,317 @@
+"""A PostgreSQL restart under real processes (issue 9, findings 2, 6, 7).
+
+A private cluster (tests/pgcluster.py) that these tests stop and start; real
+Celery workers and beat, and the web app under gunicorn, all pointed at it;
+the machine's Redis (the test broker). Nothing is restarted but PostgreSQL.
+
+- A turn whose finish meets the outage completes ``succeeded`` once the
+  database is back: no quarantine, one ``turn_started``, one terminal event.
+- While PostgreSQL is down the API answers 503 ``unavailable`` with
+  Retry-After and the console a small 503 page; both recover by themselves.
+- /readyz names the sweeps that do not run (no beat, no control worker) and
+  is 200 once they do; a control worker outlives the outage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from django.conf import settings
+
+from tests import pgcluster
+from tests.conftest import Processes, purge_broker, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not pgcluster.available(), reason="PostgreSQL server binaries needed"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+TERMINAL = {"succeeded", "failed", "cancelled", "recovering", "orphaned"}
+
+
+@dataclass
+class Stack:
+    pg: pgcluster.PgCluster
+    env: dict[str, str]
+    key: str  # a staff API key
+    base: str = ""
+
+    clients: list[httpx.Client] | None = None
+
+    def client(self, path: str = "", **kw) -> httpx.Client:
+        c = httpx.Client(base_url=f"{self.base}{path}", timeout=30, **kw)
+        self.clients.append(c)
+        return c
+
+    def api(self) -> httpx.Client:
+        return self.client("/api/v1", headers={"Authorization": f"Bearer {self.key}"})
+
+    def close_clients(self) -> None:
+        while self.clients:
+            self.clients.pop().close()
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The private cluster, migrated and seeded, and the web app on it."""
+    tmp = tmp_path_factory.mktemp("outage")
+    with pgcluster.PgCluster.create() as pg:
+        url = pg.createdb("claimcheck")
+        env = {
+            "DATABASE_URL": url,
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "CLAIMCHECK_VAR_DIR": str(tmp / "var"),
+            "SWEEP_INTERVAL_S": "0.5",
+            "OBLIGATION_SWEEP_INTERVAL_S": "1",
+            "REDISPATCH_AFTER_S": "1",
+            # Persistent connections, as in production: they must survive a restart.
+            "DB_CONN_MAX_AGE": "60",
+            "DB_CONNECT_TIMEOUT_S": "2",
+            # The private cluster has one role (its superuser): not `make test`'s two.
+            "DATABASE_APP_ROLE": "",
+            "DATABASE_MIGRATE_URL": "",
+        }
+        pgcluster.migrate(url, env)
+        _manage(env, "seed_demo")
+        key = _manage(env, "create_api_key", "ops", "--staff").strip().splitlines()[-1]
+        stack = Stack(pg=pg, env=env, key=key, clients=[])
+        port = _free_port()
+        with open(tmp / "web.log", "ab") as log:
+            web = subprocess.Popen(
+                [
+                    sys.executable, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}",
+                    "-w", "1", "--threads", "4", "--timeout", "60",
+                ],
+                cwd=ROOT,
+                env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        stack.base = f"http://127.0.0.1:{port}"
+        try:
+            wait_for(lambda: _status(f"{stack.base}/login/") == 200, timeout=90, message="web")
+            yield stack
+        finally:
+            stack.close_clients()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(web.pid, signal.SIGTERM)
+            web.wait(timeout=20)
+
+
+@pytest.fixture
+def procs(stack, tmp_path):
+    purge_broker()
+    p = Processes(tmp_path, env=stack.env)
+    yield p
+    p.stop_all()
+    stack.close_clients()
+
+
+# Python and Django start slowly on a loaded 2-core machine.
+READY_S = 120
+
+
+def _status(url: str, **kw) -> int | None:
+    try:
+        return httpx.get(url, timeout=10, **kw).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _ticket_state(api: httpx.Client, ticket_id: str) -> str | None:
+    r = api.get(f"/tickets/{ticket_id}")
+    return r.json()["state"] if r.status_code == 200 else None
+
+
+def _console_session(stack: Stack) -> httpx.Client:
+    """Logged in as the demo owner through the real login form."""
+    s = stack.client()
+    s.get("/login/")
+    r = s.post(
+        "/login/",
+        data={
+            "username": "demo",
+            "password": "demo-owner",
+            "csrfmiddlewaretoken": s.cookies["csrftoken"],
+        },
+        headers={"Referer": f"{stack.base}/login/"},
+    )
+    assert r.status_code == 302, r.text[:300]
+    return s
+
+
+def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
+    procs.worker(queues="turns,control", concurrency=2, ready_timeout=READY_S)
+    procs.beat(ready_timeout=READY_S)
+    api = stack.api()
+    # An outage shorter than heartbeat timeout + grace must never quarantine.
+    r = api.patch("/endpoints/demo.sleep", json={"heartbeat_timeout_s": 15, "interrupt_grace_s": 3})
+    assert r.status_code == 200, r.text
+    ticket = api.post("/tickets", json={"endpoint": "demo.sleep", "input": {"seconds": 3}}).json()
+    wait_for(lambda: _ticket_state(api, ticket["id"]) == "running", message="the turn to start")
+
+    stack.pg.stop()  # "terminating connection due to administrator command"
+    outage = time.monotonic()
+    try:
+        # Keep it down until the runner has returned and its finish met the
+        # outage: retried (WARNING "finish of turn ...") or, before the fix,
+        # lost with the task ("raised unexpected: OperationalError").
+        wait_for(
+            lambda: any(
+                b"finish of turn" in line
+                or (b"run_ticket" in line and b"raised unexpected" in line)
+                for line in procs.log("turns").splitlines()
+            ),
+            timeout=30,
+            message="the finish to meet the outage",
+        )
+    finally:
+        stack.pg.start()
+    outage = time.monotonic() - outage
+
+    state = wait_for(
+        lambda: (s := _ticket_state(api, ticket["id"])) in TERMINAL and s,
+        timeout=60,
+        message="the ticket to end",
+    )
+    assert state == "succeeded", f"after a {outage:.1f}s outage the ticket is {state}"
+    assert b"transient database error" in procs.log("turns")  # the finish was retried
+    body = api.get(f"/tickets/{ticket['id']}").json()
+    assert body["result"]["slept_s"] >= 3
+    kinds = [e["kind"] for e in api.get(f"/tickets/{ticket['id']}/events").json()]
+    assert kinds.count("turn_started") == 1 and kinds.count("turn_completed") == 1, kinds
+    assert "stale_outcome" not in kinds and "interrupt_requested" not in kinds, kinds
+    endpoint = api.get("/endpoints/demo.sleep").json()
+    assert endpoint["state"] == "available" and endpoint["open_case"] is None
+    assert endpoint["lock"]["holder_turn"] is None
+    assert api.get("/recovery/cases").json() == [] or all(
+        c["endpoint"] != "demo.sleep" for c in api.get("/recovery/cases").json()
+    )
+    # The endpoint works on: the next ticket runs at once.
+    nxt = api.post("/tickets", json={"endpoint": "demo.echo", "input": {"after": "outage"}})
+    assert nxt.status_code == 201
+    wait_for(lambda: _ticket_state(api, nxt.json()["id"]) == "succeeded", timeout=30)
+
+
+def test_the_api_answers_503_while_postgres_is_down_and_recovers(stack, procs):
+    api = stack.api()
+    console = _console_session(stack)
+    assert api.get("/endpoints/demo.echo").status_code == 200  # a warm, persistent connection
+    assert console.get("/").status_code == 200
+
+    stack.pg.stop()
+    try:
+        statuses = []
+        for call in (
+            lambda: api.get("/endpoints/demo.echo"),
+            lambda: api.get("/tickets"),
+            lambda: api.post("/tickets", json={"endpoint": "demo.echo", "input": {}}),
+        ):
+            r = call()
+            statuses.append(r.status_code)
+            assert r.status_code == 503, r.text[:300]
+            assert r.headers["content-type"].startswith("application/json")
+            assert r.json()["error"] == "unavailable" and int(r.headers["retry-after"]) >= 1
+        page = console.get("/")
+        assert page.status_code == 503 and int(page.headers["retry-after"]) >= 1
+        assert "database is briefly unavailable" in page.text and "Traceback" not in page.text
+        assert _status(f"{stack.base}/healthz") == 200  # alive, only not ready
+        ready = httpx.get(f"{stack.base}/readyz", timeout=10)
+        assert ready.status_code == 503 and "database" in ready.json()["failed"]
+    finally:
+        stack.pg.start()
+
+    # No restart of the web app: the next requests reconnect.
+    wait_for(
+        lambda: api.get("/endpoints/demo.echo").status_code == 200,
+        timeout=30,
+        message="the API to answer again",
+    )
+    assert console.get("/").status_code == 200  # the session outlived the outage
+    assert 500 not in statuses
+
+
+def test_readyz_reports_a_missing_sweeper_until_beat_runs(stack, procs):
+    readyz = f"{stack.base}/readyz"
+    sweeps = {"sweep:budgets", "sweep:lost_dispatches", "sweep:deliveries", "sweep:obligations"}
+
+    def failed() -> set[str] | None:
+        r = httpx.get(readyz, timeout=10)
+        return set(r.json()["failed"]) if r.status_code in (200, 503) else None
+
+    # A turns worker, but neither beat nor a control worker.
+    procs.worker(name="turns", queues="turns", ready_timeout=READY_S)
+    wait_for(lambda: failed() == sweeps, timeout=30, message="readyz to name every sweep")
+    console = _console_session(stack)
+    assert "Sweeper not running" in console.get("/").text
+
+    procs.worker(name="control", queues="control", ready_timeout=READY_S)
+    procs.beat(ready_timeout=READY_S)
+    wait_for(lambda: failed() == set(), timeout=60, message="readyz to be 200")
+    assert httpx.get(readyz, timeout=10).status_code == 200
+    assert "Sweeper not running" not in console.get("/").text
+
+    # An outage: the control worker's sweeps fail, the worker lives on, and
+    # the sweeps resume without restarting anything.
+    stack.pg.stop()
+    try:
+        wait_for(
+            lambda: b"skipped" in procs.log("control"),
+            timeout=30,
+            message="a sweep to meet the outage",
+        )
+    finally:
+        # Taken while the database is still down: any sweep finished after
+        # this moment ran once it was back (start() returns a moment after
+        # the server accepts connections, and a sweep may finish in between).
+        restarted_at = time.time()
+        stack.pg.start()
+    wait_for(lambda: failed() == set(), timeout=60, message="readyz to be 200 again")
+    from datetime import datetime
+
+    def budgets_swept_since_restart() -> bool:
+        # readyz may be 200 at once on a sweep from before the outage (still
+        # fresh); what must follow is a sweep that ran once the database was back.
+        checks = httpx.get(readyz, timeout=10).json()["checks"]
+        finished = checks["sweep:budgets"]["last_finished_at"]
+        return bool(finished) and datetime.fromisoformat(finished).timestamp() > restarted_at
+
+    wait_for(budgets_swept_since_restart, timeout=30, message="a budget sweep after the outage")
+    assert procs.procs["control"].poll() is None
+
+    procs.kill("beat")
+    wait_for(
+        lambda: sweeps <= (failed() or set()),
+        timeout=30,
+        message="readyz to notice that beat is gone",
+    )

@@ -1,0 +1,121 @@
+"""Small rules of the house (issue 10): one source for caps and state
+strings, the broker's visibility timeout above the longest budget, the
+database constraints that back the runtime, and the app ports in place."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from config.errors import Invalid
+from endpoints import runtime
+from endpoints.models import BusyPolicy, EndpointLock, EndpointState, Turn
+from endpoints.ports import case_keeper
+from endpoints.services import MAX_BUDGET_S, update_endpoint
+from tickets import admission, ports
+from tickets.admission import admit_ticket
+from tickets.models import CallbackState, DeliveryState, ObligationState, TicketState
+
+
+def test_the_broker_never_redelivers_a_message_while_its_turn_may_run():
+    assert settings.MAX_TURN_BUDGET_S == MAX_BUDGET_S
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    if "visibility_timeout" in options:  # Redis (the filesystem transport has none)
+        assert options["visibility_timeout"] > MAX_BUDGET_S
+
+
+@pytest.mark.django_db
+def test_a_budget_over_the_cap_is_refused(make_endpoint):
+    make_endpoint("capped")
+    with pytest.raises(Invalid, match="at most"):
+        update_endpoint(address="capped", changes={"turn_budget_s": MAX_BUDGET_S + 1}, actor="t")
+
+
+def test_the_fast_path_sql_states_are_the_enums():
+    assert ports.ENDPOINT_AVAILABLE == EndpointState.AVAILABLE
+    assert ports.ENDPOINT_ENQUEUE == BusyPolicy.ENQUEUE
+    sql = admission._FAST_SQL
+    for value in (
+        EndpointState.AVAILABLE,
+        BusyPolicy.ENQUEUE,
+        TicketState.QUEUED,
+        CallbackState.NONE,
+        DeliveryState.NONE,
+        ObligationState.OPEN,
+    ):
+        assert f"'{value}'" in sql
+    assert "{" not in sql.replace("'{}'::jsonb", "")  # every placeholder was filled
+
+
+def test_the_ports_are_provided_by_the_apps_above():
+    assert ports.endpoint_directory().request_interrupt is runtime.request_interrupt
+    assert case_keeper().open_case_for_uncertain_turn.__module__ == "recovery.services"
+
+
+@pytest.fixture
+def started(db, make_endpoint):
+    make_endpoint("rules")
+    ticket = admit_ticket(endpoint="rules", input={}).ticket
+    return runtime.start_turn(ticket_id=ticket.id)
+
+
+def test_two_turns_of_one_endpoint_never_share_a_seq(started):
+    turn = started.turn
+    with pytest.raises(IntegrityError, match="turn_seq_unique"), transaction.atomic():
+        Turn.objects.create(
+            endpoint=turn.endpoint,
+            ticket=turn.ticket,
+            seq=turn.seq,
+            runner_kind=turn.runner_kind,
+            started_at=turn.started_at,
+            heartbeat_at=turn.heartbeat_at,
+            deadline_at=turn.deadline_at,
+        )
+
+
+def test_a_lock_holder_and_its_token_are_set_and_cleared_together(started):
+    endpoint_id = started.endpoint.id
+    with pytest.raises(IntegrityError, match="lock_holder_token_together"), transaction.atomic():
+        EndpointLock.objects.filter(endpoint_id=endpoint_id).update(token=None)
+    with pytest.raises(IntegrityError, match="lock_holder_token_together"), transaction.atomic():
+        EndpointLock.objects.filter(endpoint_id=endpoint_id).update(holder=None)
+
+
+def test_an_endpoint_has_one_open_case_at_most(started):
+    keeper = case_keeper()
+    now = timezone.now()
+    keeper.open_case_for_uncertain_turn(turn=started.turn, reason="first", at=now)
+    with pytest.raises(IntegrityError, match="one_open_case_per_endpoint"), transaction.atomic():
+        keeper.open_case_for_uncertain_turn(turn=started.turn, reason="second", at=now)
+
+
+def test_text_caps_come_from_one_source():
+    """A text's cap is the same in the API's schema, the service behind it,
+    the console's form and the column (config/limits.py)."""
+    from config import limits
+    from console.forms import DecisionForm, LessonForm
+    from endpoints.api import EndpointIn
+    from endpoints.models import Endpoint
+    from recovery import services as recovery
+    from tickets import obligations
+    from tickets.api import ObligationCloseIn, TicketIn
+    from tickets.models import Ticket
+
+    def schema_cap(model, field):
+        return next(
+            m.max_length for m in model.model_fields[field].metadata if hasattr(m, "max_length")
+        )
+
+    assert schema_cap(TicketIn, "endpoint") == schema_cap(EndpointIn, "address")
+    assert schema_cap(EndpointIn, "address") == Endpoint._meta.get_field("address").max_length
+    assert schema_cap(ObligationCloseIn, "note") == obligations.MAX_NOTE_CHARS == limits.NOTE_CHARS
+    assert Ticket._meta.get_field("dedupe_key").max_length == recovery.MAX_DEDUPE_KEY
+    form_caps = {
+        f.max_length
+        for form in (DecisionForm, LessonForm)
+        for f in form.base_fields.values()
+        if getattr(f, "max_length", None)
+    }
+    assert form_caps == {recovery.MAX_TEXT} == {limits.TEXT_CHARS}

@@ -1,0 +1,128 @@
+"""A database that is briefly unreachable answers 503 `unavailable` with
+Retry-After: JSON under /api/, a small HTML page for the console; never a 500
+or a stack trace (issue 9, finding 6).
+
+In-process, the outage is the error psycopg gives when the server is gone,
+raised by Django's own query path (``execute_wrapper``) for the statements a
+test names. tests/test_db_outage.py stops a real PostgreSQL under a live
+server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import psycopg
+import pytest
+from django.db import OperationalError, connection
+from django.test import Client
+
+from console.owners import create_owner
+
+pytestmark = pytest.mark.django_db
+
+DOWN = 'connection to server at "127.0.0.1", port 5432 failed: Connection refused'
+
+
+@contextlib.contextmanager
+def database_down(match=lambda sql: True):
+    """Every statement ``match`` accepts fails as on a dead connection."""
+
+    def wrapper(execute, sql, params, many, context):
+        if match(sql):
+            raise OperationalError(DOWN)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield
+
+
+def assert_unavailable_json(response):
+    assert response.status_code == 503, response.content[:300]
+    assert response["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert body["error"] == "unavailable" and "briefly unreachable" in body["detail"]
+    assert int(response["Retry-After"]) >= 1 and body["retry_after"] == int(response["Retry-After"])
+    # The server's message (host, port) stays in the log.
+    assert "5432" not in response.content.decode()
+
+
+def test_api_auth_during_an_outage_is_503_not_500(api):
+    with database_down():
+        response = api.get("/tickets")
+    assert_unavailable_json(response)
+
+
+def test_a_route_body_during_an_outage_is_503(api, make_endpoint):
+    make_endpoint("up")
+    # Authentication passes; the route's own read fails.
+    with database_down(lambda sql: "endpoints_endpoint" in sql):
+        response = api.get("/endpoints/up")
+    assert_unavailable_json(response)
+
+
+def test_an_admission_during_an_outage_is_503_on_both_statement_paths(
+    api, make_endpoint, settings, monkeypatch
+):
+    from tickets import admission
+
+    make_endpoint("up")
+    settings.ADMISSION_PREPARED = False  # through Django's cursor
+    with database_down(lambda sql: "INSERT" in sql):
+        response = api.post("/tickets", {"endpoint": "up", "input": {}})
+    assert_unavailable_json(response)
+
+    settings.ADMISSION_PREPARED = True  # psycopg's own cursor: psycopg's own error
+
+    def prepared_down(params):
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(admission, "_execute_fast", prepared_down)
+    response = api.post("/tickets", {"endpoint": "up", "input": {}})
+    assert_unavailable_json(response)
+
+
+def test_the_api_works_again_once_the_database_is_back(api, make_endpoint):
+    make_endpoint("back")
+    with database_down():
+        assert api.get("/endpoints/back").status_code == 503
+    assert api.get("/endpoints/back").status_code == 200
+
+
+def test_a_console_page_during_an_outage_is_a_small_html_503(client, settings):
+    client.force_login(create_owner(username="olive", password="pw-olive-1", endpoints=[]))
+    with database_down():
+        response = client.get("/")
+    assert response.status_code == 503
+    assert response["Content-Type"].startswith("text/html")
+    assert int(response["Retry-After"]) == settings.UNAVAILABLE_RETRY_AFTER_S
+    page = response.content.decode()
+    assert "database is briefly unavailable" in page
+    assert "Traceback" not in page and "OperationalError" not in page and "5432" not in page
+
+
+def test_an_outage_in_a_middleware_after_the_view_is_a_503_too():
+    """The login view writes the new session, then SessionMiddleware saves it
+    again on the way out: that UPDATE fails outside any view (handler500)."""
+    create_owner(username="olive", password="pw-olive-1", endpoints=[])
+    client = Client(raise_request_exception=False)
+    with database_down(lambda sql: sql.startswith("UPDATE") and "django_session" in sql):
+        response = client.post("/login/", {"username": "olive", "password": "pw-olive-1"})
+    assert response.status_code == 503
+    assert "briefly unavailable" in response.content.decode()
+    with database_down(lambda sql: sql.startswith("UPDATE") and "django_session" in sql):
+        response = client.get("/api/v1/tickets", HTTP_AUTHORIZATION="Bearer nope")
+    assert response.status_code == 401  # no session write there: unaffected
+
+
+def test_a_programming_error_is_still_a_500_internal(api, monkeypatch):
+    from endpoints import api as endpoints_api
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug, not an outage")
+
+    monkeypatch.setattr(endpoints_api, "resolve_endpoint", broken)
+    client = Client(raise_request_exception=False)
+    response = client.get("/api/v1/endpoints/x", HTTP_AUTHORIZATION=f"Bearer {api.key}")
+    assert response.status_code == 500
+    assert json.loads(response.content)["error"] == "internal"

@@ -1,0 +1,197 @@
+"""Retention (tickets/retention.py, `manage.py prune_ledger`) against real
+PostgreSQL, as the application role. Old work is made by running the real
+flows with the clock turned back (django.utils.timezone.now), never by
+writing a state or a timestamp by hand."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from datetime import timedelta
+from io import StringIO
+from unittest import mock
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from endpoints import runtime
+from endpoints.runners import Outcome
+from recovery import services as recovery
+from recovery.models import CaseEvidence, Decision, Inspection, Lesson, RecoveryCase
+from tests.recovery.conftest import drive_to_quarantine, owner  # noqa: F401 - fixture
+from tickets import delivery, retention
+from tickets.admission import admit_ticket
+from tickets.models import Delivery, Ticket, TicketEvent, Trace
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REAL_NOW = timezone.now
+
+
+@contextlib.contextmanager
+def days_ago(days: float):
+    """Run the real flows with the clock turned back ``days``."""
+    shift = timedelta(days=days)
+    with mock.patch("django.utils.timezone.now", lambda: REAL_NOW() - shift):
+        yield
+
+
+def run(endpoint: str, **admit) -> Ticket:
+    admitted = admit_ticket(endpoint=endpoint, input={"n": 1}, actor="test", **admit)
+    runtime.run_ticket(ticket_id=admitted.ticket.id)
+    return Ticket.objects.get(id=admitted.ticket.id)
+
+
+def exists(ticket: Ticket) -> bool:
+    return Ticket.objects.filter(id=ticket.id).exists()
+
+
+@pytest.fixture
+def ledger(make_endpoint, owner):  # noqa: F811 - the imported fixture
+    make_endpoint("ret.echo")
+    make_endpoint(
+        "ret.stuck", path="endpoints.demo.stuck", interrupt_grace_s=0.05, owners=[owner.username]
+    )
+    with days_ago(40):
+        done = run("ret.echo")  # finished, delivered (acknowledged): prunable
+        delivery.acknowledge(ticket_id=done.id, actor="test")
+        owed = run("ret.echo")  # finished, obligation still open: kept
+        # A case: quarantined, then decided and closed with a lesson: kept,
+        # with its evidence, inspection, decision and lesson.
+        stuck = admit_ticket(endpoint="ret.stuck", input={"seconds": 30}, actor="test")
+        q = drive_to_quarantine(stuck.ticket.id)
+        runtime.finish_turn(
+            turn_id=q.turn.id, seq=q.turn.seq, outcome=Outcome.success({"late": 1}), source="worker"
+        )
+        inspection = recovery.inspect_case(case_id=q.case.id, user=owner)
+        recovery.decide(
+            case_id=q.case.id,
+            user=owner,
+            action="finalize_orphan",
+            inspection_id=inspection.id,
+            rationale="r",
+        )
+        recovery.write_lesson(
+            case_id=q.case.id, user=owner, what_failed="a", evidence="b", prevention="c"
+        )
+        # An open case (its ticket recovering): kept.
+        open_case = drive_to_quarantine(
+            admit_ticket(
+                endpoint=make_endpoint(
+                    "ret.stuck2", path="endpoints.demo.stuck", interrupt_grace_s=0.05
+                ).address,
+                input={"seconds": 30},
+                actor="test",
+            ).ticket.id
+        )
+    recent = run("ret.echo")  # finished today: kept
+    delivery.acknowledge(ticket_id=recent.id, actor="test")
+    return {
+        "done": done,
+        "owed": owed,
+        "case": q,
+        "open_case": open_case,
+        "recent": recent,
+    }
+
+
+def recovery_rows() -> dict[str, int]:
+    return {
+        m.__name__: m.objects.count()
+        for m in (RecoveryCase, CaseEvidence, Inspection, Decision, Lesson)
+    }
+
+
+def test_prune_deletes_only_old_settled_traces(ledger):
+    done, owed, case, open_case, recent = (
+        ledger["done"],
+        ledger["owed"],
+        ledger["case"],
+        ledger["open_case"],
+        ledger["recent"],
+    )
+    before = recovery_rows()
+    assert before["Lesson"] == 1 and before["RecoveryCase"] == 2
+    # A dry run counts and deletes nothing.
+    dry = retention.prune(older_than_days=30, dry_run=True, keep_history=1)
+    assert dry.counts["traces"] == 1 and dry.counts["tickets"] == 1, dry
+    assert exists(done)
+    report = retention.prune(older_than_days=30, batch=1, keep_history=1)
+    assert report.counts == dry.counts, (report, dry)
+    assert not exists(done)
+    assert not TicketEvent.objects.filter(ticket_id=done.id).exists()
+    assert not Delivery.objects.filter(ticket_id=done.id).exists()
+    assert not Trace.objects.filter(id=done.trace_id).exists()
+    for kept in (owed, case.ticket, open_case.ticket, recent):
+        assert exists(kept), kept
+        assert TicketEvent.objects.filter(ticket_id=kept.id).exists()
+    assert recovery_rows() == before
+    # Nothing more to do: a second run deletes nothing.
+    again = retention.prune(older_than_days=30, keep_history=1)
+    assert again.counts["tickets"] == 0
+
+
+def test_the_latest_history_of_an_endpoint_is_kept(ledger):
+    # ret.echo's 20 latest context entries include the old "done" ticket's.
+    report = retention.prune(older_than_days=30)
+    assert report.counts["tickets"] == 0 and exists(ledger["done"])
+
+
+def test_the_app_role_cannot_delete_append_only_rows_itself(ledger):
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_user")
+        role = cur.fetchone()[0]
+    from django.conf import settings
+
+    if settings.DATABASE_APP_ROLE and role != settings.DATABASE_APP_ROLE:
+        pytest.fail(f"the test should run as the application role, not {role}")
+    done = ledger["done"]
+    for sql in (
+        "SET claimcheck.pruning = 'on'; DELETE FROM tickets_ticketevent WHERE ticket_id = %s",
+        "SET claimcheck.allow_truncate = 'on'; TRUNCATE tickets_ticketevent CASCADE",
+    ):
+        with (
+            pytest.raises(Exception, match="append-only|permission denied"),  # noqa: B017
+            connection.cursor() as cur,
+        ):
+            cur.execute(sql, [done.id] if "%s" in sql else None)
+    assert TicketEvent.objects.filter(ticket_id=done.id).exists()
+    # The function refuses a recent cutoff (it re-checks the rule itself).
+    with (
+        connection.cursor() as cur,
+        pytest.raises(Exception, match="at least one day ago"),  # noqa: B017
+    ):
+        cur.execute("SELECT * FROM claimcheck_prune_ledger(now(), 10, false, 20)")
+
+
+def test_the_triggers_stay_enabled_and_refuse_the_owner_outside_the_function(ledger, owner_cursor):
+    retention.prune(older_than_days=30, keep_history=1)
+    owner_cursor.execute(
+        "SELECT c.relname, t.tgenabled FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+        "WHERE t.tgname LIKE '%%append_only'"
+    )
+    states = dict(owner_cursor.fetchall())
+    assert states["tickets_ticketevent"] == "O" and states["recovery_caseevidence"] == "O"
+    owner_cursor.execute("SET claimcheck.pruning = 'off'")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+        owner_cursor.execute(
+            "DELETE FROM tickets_ticketevent WHERE ticket_id = %s", [ledger["owed"].id]
+        )
+
+
+def test_the_command_reports_and_needs_a_cutoff(ledger, settings):
+    out = StringIO()
+    call_command("prune_ledger", "--older-than", "30", "--dry-run", stdout=out)
+    assert "would delete" in out.getvalue()
+    assert exists(ledger["done"])
+    settings.RETENTION_DAYS = 0
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="older-than"):
+        call_command("prune_ledger")
+    with pytest.raises(CommandError, match="at least 1 day"):
+        call_command("prune_ledger", "--older-than", "0.5")
+    assert uuid.UUID(str(ledger["done"].id))

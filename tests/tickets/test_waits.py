@@ -1,0 +1,68 @@
+"""``wait_s`` wakes on the NOTIFY of the ticket's terminal transition: a
+waiting request costs no queries while it waits. Real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+
+from endpoints import runtime
+from tickets import selectors, waits
+from tickets.admission import admit_ticket
+from tickets.api import wait_for_terminal
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _close_listener():
+    yield
+    waits.stop_listener()  # its session would keep the test database from being dropped
+
+
+def test_a_waiter_is_woken_by_the_terminal_transition_without_polling(make_endpoint):
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY needs PostgreSQL")
+    make_endpoint("waited")
+    ticket = admit_ticket(endpoint="waited", input={}).ticket
+    result: dict = {}
+
+    def waiter():
+        statements = []
+
+        def count(execute, sql, params, many, context):
+            statements.append(sql)
+            return execute(sql, params, many, context)
+
+        try:
+            loaded = selectors.get_ticket(ticket.id)
+            with connection.execute_wrapper(count):
+                result["ticket"] = wait_for_terminal(loaded, 60)
+            result["statements"] = len(statements)
+        finally:
+            connections.close_all()
+
+    with CaptureQueriesContext(connection) as one_load:
+        selectors.get_ticket(ticket.id)
+    per_load = len(one_load.captured_queries)
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(2.0)  # the waiter waits a while: a poller would read many times
+    runtime.run_ticket(ticket_id=ticket.id)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the waiter was not woken by the terminal transition"
+    assert result["ticket"].state == "succeeded"
+    # Read when subscribed and when woken (the first load is the caller's);
+    # a poller would have read every 20-500 ms for two seconds.
+    assert result["statements"] <= 2 * per_load, (result["statements"], per_load)
+
+
+def test_a_waiter_returns_the_ticket_as_it_is_when_the_time_is_up(make_endpoint):
+    make_endpoint("unwaited")
+    ticket = admit_ticket(endpoint="unwaited", input={}).ticket
+    waited = wait_for_terminal(selectors.get_ticket(ticket.id), 0.3)
+    assert waited.state == "queued"

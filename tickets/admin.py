@@ -1,0 +1,131 @@
+"""View-only admin for the ledger (config/readonly_admin.py says why and how).
+
+Searches name what the indexes serve: a ticket by id, endpoint address,
+trace id or ``address:dedupe_key`` (the unique index); related rows by the
+ticket or delivery id they hang off.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import Q
+
+from config.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
+
+from .models import Callback, Delivery, DeliveryAttempt, Ticket, TicketEvent, Trace
+
+
+@admin.register(Ticket)
+class TicketAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "endpoint",
+        "state",
+        "dedupe_key",
+        "trace_id",
+        "depth",
+        "callback_state",
+        "delivery_state",
+        "created_at",
+    )
+    # state has its own (state, -id) index; the other small enums do not.
+    list_filter = ("state",)
+    list_select_related = ("endpoint",)
+    list_defer = ("input", "result", "error", "artifacts", "requester", "continuation")
+    # Newest first on the time-ordered primary key (no created_at index).
+    ordering = ("-id",)
+    search_fields = ("id", "endpoint__address", "trace_id", "dedupe_key")
+    search_help_text = "A ticket id, an endpoint address, a trace id, or address:dedupe_key."
+    raw_id_fields = (
+        "endpoint",
+        "parent",
+        "turn",
+        "completed_by_turn",
+        "return_to",
+        "rerun_of",
+        "callback_for",
+        "submitted_by",
+        "approved_by",
+    )
+
+    def search_q(self, term: str) -> Q | None:
+        address, sep, key = term.partition(":")
+        # Addresses are slugs (no ':'), so the first ':' separates the key.
+        keyed = endpoint_q(address) if sep and key else None
+        return any_of(
+            uuid_q(term, "id"),
+            endpoint_q(term),
+            Q(trace_id=term) if len(term) <= 64 else None,
+            keyed & Q(dedupe_key=key) if keyed is not None else None,
+        )
+
+
+@admin.register(TicketEvent)
+class TicketEventAdmin(ReadOnlyAdmin):
+    list_display = ("id", "ticket_id", "kind", "from_state", "to_state", "actor", "turn_id", "at")
+    list_defer = ("detail",)
+    ordering = ("-id",)
+    search_fields = ("ticket",)
+    search_help_text = "A ticket id: its events."
+    raw_id_fields = ("ticket", "turn")
+
+    def search_q(self, term: str) -> Q | None:
+        return uuid_q(term, "ticket_id")  # (ticket, id) index
+
+
+@admin.register(Trace)
+class TraceAdmin(ReadOnlyAdmin):
+    list_display = ("id", "tickets", "max_depth", "flagged", "created_at")
+    ordering = ("-id",)  # a root ticket's time-ordered id, as hex
+    search_fields = ("id",)
+    search_help_text = "A trace id."
+
+    def search_q(self, term: str) -> Q | None:
+        return Q(id=term)
+
+
+@admin.register(Callback)
+class CallbackAdmin(ReadOnlyAdmin):
+    list_display = ("id", "source_id", "target", "ticket_id", "created_at")
+    list_select_related = ("target",)
+    ordering = ("-id",)
+    search_fields = ("source", "ticket")
+    search_help_text = "The source ticket's id, or the callback ticket's id."
+    raw_id_fields = ("source", "target", "ticket")
+
+    def search_q(self, term: str) -> Q | None:
+        return uuid_q(term, "source_id", "ticket_id")  # both unique
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "ticket_id",
+        "mode",
+        "url",
+        "attempts",
+        "next_attempt_at",
+        "delivered_at",
+        "created_at",
+    )
+    list_filter = ("mode",)
+    ordering = ("-id",)
+    search_fields = ("id", "ticket")
+    search_help_text = "A delivery id (the webhook-id) or its ticket's id."
+    raw_id_fields = ("ticket",)
+
+    def search_q(self, term: str) -> Q | None:
+        return uuid_q(term, "id", "ticket_id")
+
+
+@admin.register(DeliveryAttempt)
+class DeliveryAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "delivery_id", "number", "status_code", "latency_ms", "error", "at")
+    ordering = ("-id",)
+    search_fields = ("delivery",)
+    search_help_text = "A delivery id: its attempts."
+    raw_id_fields = ("delivery",)
+
+    def search_q(self, term: str) -> Q | None:
+        return uuid_q(term, "delivery_id")  # (delivery, number) unique index

@@ -1,0 +1,173 @@
+"""The delivery state machine: a delivery opened when a root ticket ends,
+an owner's approval, a pull acknowledgement (the edges are in the package
+docstring)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from config import outbound
+from config.dispatch import DELIVER, publish
+from config.errors import Forbidden, InvalidTransition, NotFound
+
+from ..lifecycle import update_fields
+from ..models import Delivery, DeliveryState, ObligationState, Ticket
+from ..ports import endpoint_directory
+
+log = logging.getLogger(__name__)
+
+
+def validate_webhook_url(url: str) -> None:
+    """Refuse, at admission, a webhook target we must not call."""
+    outbound.validate_outbound_url(url, label="webhook")
+
+
+def on_root_terminal(*, ticket: Ticket) -> Delivery:
+    """Open the delivery of a root ticket that just became terminal.
+
+    Runs inside the terminal transition's transaction (``lifecycle._on_terminal``),
+    which holds the ticket row: no I/O here (no DNS, no HTTP), only rows and an
+    after-commit publish. Idempotent: the delivery is one-to-one with the
+    ticket, so a second call returns the existing row. The obligation stays
+    open: delivery closes it.
+    """
+    existing = Delivery.objects.filter(ticket_id=ticket.id).first()
+    if existing is not None:
+        return existing
+    now = timezone.now()
+    url = (ticket.requester or {}).get("webhook_url") or ""
+    mode = Delivery.Mode.WEBHOOK if url else Delivery.Mode.PULL
+    gated = ticket.endpoint.requires_approval and ticket.approved_at is None
+    state = DeliveryState.AWAITING_APPROVAL if gated else DeliveryState.PENDING
+    due = mode == Delivery.Mode.WEBHOOK and state == DeliveryState.PENDING
+    # next_attempt_at = now even though we publish at once: if the publish is
+    # lost (broker down), the delivery sweep still finds it due.
+    # A plain INSERT: the caller holds the ticket's row lock (the terminal
+    # transition), so nobody can create it between the check above and here;
+    # the one-to-one constraint would refuse a second row anyway.
+    delivery = Delivery.objects.create(
+        ticket_id=ticket.id,
+        mode=mode,
+        url=url,
+        next_attempt_at=now if due else None,
+        created_at=now,
+    )
+    update_fields(
+        ticket_id=ticket.id,
+        kind="delivery_opened",
+        actor="delivery",
+        detail={"delivery": str(delivery.id), "mode": mode, "state": state},
+        delivery_state=state,
+    )
+    if due:
+        publish(DELIVER, str(delivery.id))
+    return delivery
+
+
+def locked_ticket(ticket_id: uuid.UUID) -> Ticket:
+    ticket = Ticket.objects.select_for_update().filter(id=ticket_id).first()
+    if ticket is None:
+        raise NotFound(f"ticket {ticket_id} not found")
+    return ticket
+
+
+def approve_ticket(*, ticket_id: uuid.UUID, user, reason: str = "") -> Ticket:
+    """An owner releases the delivery of a terminal ticket whose endpoint
+    requires approval: ``awaiting_approval -> pending`` and, for a webhook,
+    the send is published after commit.
+
+    Refused with 403 for anyone but the endpoint's owners (or staff), and with
+    409 ``invalid_transition`` for a ticket that is not terminal or whose
+    delivery does not await approval (a child, or an endpoint without the
+    gate). Approving an already approved ticket is a no-op that returns it
+    unchanged, so a retried request is safe; the first approval's actor and
+    time stay on record.
+    """
+    ticket = Ticket.objects.select_related("endpoint").filter(id=ticket_id).first()
+    if ticket is None:
+        raise NotFound(f"ticket {ticket_id} not found")
+    if not endpoint_directory().is_owner(user, ticket.endpoint):
+        raise Forbidden(f"only an owner of {ticket.endpoint.address} may approve its results")
+    with transaction.atomic():
+        ticket = locked_ticket(ticket_id)
+        if not ticket.is_terminal:
+            raise InvalidTransition(
+                f"ticket {ticket_id} is {ticket.state}: only a finished ticket can be approved",
+                state=ticket.state,
+            )
+        if ticket.approved_at is not None:
+            return ticket  # already approved: nothing to do
+        if ticket.delivery_state != DeliveryState.AWAITING_APPROVAL:
+            raise InvalidTransition(
+                f"ticket {ticket_id} does not await approval (delivery {ticket.delivery_state})",
+                state=ticket.state,
+                delivery=ticket.delivery_state,
+            )
+        delivery = Delivery.objects.select_for_update().get(ticket_id=ticket_id)
+        now = timezone.now()
+        update_fields(
+            ticket_id=ticket_id,
+            kind="approved",
+            actor=f"user:{user.username}",
+            detail={"delivery": str(delivery.id), **({"reason": reason} if reason else {})},
+            approved_at=now,
+            approved_by=user,
+            delivery_state=DeliveryState.PENDING,
+        )
+        if delivery.mode == Delivery.Mode.WEBHOOK:
+            Delivery.objects.filter(id=delivery.id).update(next_attempt_at=now)
+            publish(DELIVER, str(delivery.id))
+    return Ticket.objects.get(id=ticket_id)
+
+
+def closed_obligation(ticket: Ticket) -> dict[str, Any]:
+    """Fields that close the ticket's obligation, if it is still open."""
+    if ticket.obligation_state != ObligationState.OPEN:
+        return {}
+    return {"obligation_state": ObligationState.CLOSED, "obligation_due_at": None}
+
+
+def acknowledge(*, ticket_id: uuid.UUID, actor: str) -> Ticket:
+    """The requester took a pull delivery: ``pending | attempted ->
+    delivered``, and the obligation closes. 409 ``invalid_transition`` for a
+    ticket with no open pull delivery: not finished (or not a root), awaiting
+    approval, a webhook delivery, or already delivered."""
+    with transaction.atomic():
+        ticket = locked_ticket(ticket_id)
+        delivery = Delivery.objects.select_for_update().filter(ticket_id=ticket_id).first()
+        if delivery is None:
+            raise InvalidTransition(
+                f"ticket {ticket_id} is {ticket.state} and has nothing to deliver "
+                "(a delivery opens when a root ticket finishes)",
+                state=ticket.state,
+                delivery=ticket.delivery_state,
+            )
+        if delivery.mode != Delivery.Mode.PULL:
+            raise InvalidTransition(
+                f"ticket {ticket_id} is delivered by webhook; the receiver's 2xx acknowledges it",
+                state=ticket.state,
+                delivery=ticket.delivery_state,
+            )
+        if ticket.delivery_state not in (DeliveryState.PENDING, DeliveryState.ATTEMPTED):
+            raise InvalidTransition(
+                f"ticket {ticket_id}'s delivery is {ticket.delivery_state}; only a pending "
+                "delivery can be acknowledged",
+                state=ticket.state,
+                delivery=ticket.delivery_state,
+            )
+        now = timezone.now()
+        Delivery.objects.filter(id=delivery.id).update(delivered_at=now, next_attempt_at=None)
+        update_fields(
+            ticket_id=ticket_id,
+            kind="delivery_acknowledged",
+            actor=actor,
+            detail={"delivery": str(delivery.id)},
+            delivery_state=DeliveryState.DELIVERED,
+            **closed_obligation(ticket),
+        )
+    return Ticket.objects.get(id=ticket_id)

@@ -1,0 +1,162 @@
+"""Waiting for a ticket to end, without polling the ledger.
+
+A terminal transition (``lifecycle.transition``) calls ``pg_notify`` on
+``TICKET_CHANNEL`` with the ticket's id, delivered when it commits. One
+listener thread per web process holds the only LISTEN connection and wakes
+the requests waiting on that id. A waiting request reads the ticket once
+after it subscribed (so a transition that committed in between is not
+missed) and once after it wakes: it costs no queries while it waits, and
+holds no database connection (it closes its own, outside a transaction).
+
+Without PostgreSQL (SQLite in ``make run``), or while the listener is down
+(a database restart), a waiter falls back to reading the ticket every 0.5 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+from django.db import connection
+
+log = logging.getLogger(__name__)
+
+TICKET_CHANNEL = "claimcheck_ticket"
+FALLBACK_POLL_S = 0.5
+# The listener closes its connection after this long without a waiter (and
+# opens it again for the next one): an idle web process holds no session.
+IDLE_CLOSE_S = 2.0
+
+
+class _Hub:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[threading.Event]] = defaultdict(set)
+        self._thread: threading.Thread | None = None
+        self._listening = threading.Event()
+        self._stopping = False
+
+    def subscribe(self, ticket_id: uuid.UUID) -> threading.Event | None:
+        """An event set when the ticket's terminal transition commits, or
+        None when no listener is up (the caller polls)."""
+        if connection.vendor != "postgresql":
+            return None
+        event = threading.Event()
+        with self._lock:
+            # Registered before the listener is checked, under the lock the
+            # listener takes to close when idle: it cannot leave us behind.
+            self._waiters[str(ticket_id)].add(event)
+            if self._thread is None or not self._thread.is_alive():
+                params = connection.get_connection_params()
+                self._thread = threading.Thread(
+                    target=self._listen, args=(params,), name="ticket-waits", daemon=True
+                )
+                self._thread.start()
+        if not self._listening.wait(1.0):
+            self.unsubscribe(ticket_id, event)
+            return None
+        return event
+
+    def unsubscribe(self, ticket_id: uuid.UUID, event: threading.Event | None) -> None:
+        if event is None:
+            return
+        with self._lock:
+            waiting = self._waiters.get(str(ticket_id))
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del self._waiters[str(ticket_id)]
+
+    def _wake(self, key: str | None) -> None:
+        with self._lock:
+            if key is None:  # the listener lost its connection: everyone re-reads
+                events = [e for waiting in self._waiters.values() for e in waiting]
+            else:
+                events = list(self._waiters.get(key, ()))
+        for event in events:
+            event.set()
+
+    def stop(self) -> None:
+        """Close the listener (tests; a process that shuts down)."""
+        self._stopping = True
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5)
+        self._stopping = False
+
+    def _listen(self, params: dict) -> None:
+        import psycopg
+
+        while not self._stopping:
+            try:
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {TICKET_CHANNEL}")
+                    self._listening.set()
+                    idle_since = None
+                    while not self._stopping:
+                        for note in conn.notifies(timeout=0.5):
+                            self._wake(note.payload)
+                        with self._lock:
+                            waiting = bool(self._waiters)
+                        if waiting:
+                            idle_since = None
+                        elif idle_since is None:
+                            idle_since = time.monotonic()
+                        elif time.monotonic() - idle_since > IDLE_CLOSE_S or self._stopping:
+                            with self._lock:  # no subscribe can slip in while we leave
+                                if not self._waiters:
+                                    self._listening.clear()
+                                    self._thread = None
+                                    return
+            except Exception:  # a database restart: waiters poll until we are back
+                log.warning("ticket waits: listener lost its connection; reconnecting")
+            self._listening.clear()
+            self._wake(None)
+            time.sleep(1.0)
+
+
+_hub = _Hub()
+
+
+def wait_until_terminal(ticket, wait_s: float, load, is_terminal):
+    """Return the ticket (``load(id)``, a fresh read) once ``is_terminal``
+    holds of it or ``wait_s`` has passed; ``ticket`` is the caller's read."""
+    deadline = time.monotonic() + wait_s
+    ticket_id = ticket.id
+    while not is_terminal(ticket):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        event = _hub.subscribe(ticket_id)
+        try:
+            ticket = load(ticket_id)  # after subscribing: nothing slips between
+            if is_terminal(ticket):
+                break
+            if event is None:
+                time.sleep(min(FALLBACK_POLL_S, left))
+            else:
+                # Hold no database session while waiting: a hundred waiters
+                # would otherwise pin a hundred connections (PostgreSQL's
+                # default max_connections is 100). One reconnect on waking.
+                if not connection.in_atomic_block:
+                    connection.close()
+                event.wait(left)
+            ticket = load(ticket_id)
+        finally:
+            _hub.unsubscribe(ticket_id, event)
+    return ticket
+
+
+def stop_listener() -> None:
+    _hub.stop()
+
+
+def notify_terminal(ticket_id: uuid.UUID) -> None:
+    """Wake the waiters of ``ticket_id`` when the current transaction commits."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_notify(%s, %s)", [TICKET_CHANNEL, str(ticket_id)])
