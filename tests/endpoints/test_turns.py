@@ -55,16 +55,19 @@ def test_twenty_tickets_on_one_endpoint_never_overlap(worker, make_endpoint):
 def test_same_ticket_published_twice_runs_once(celery_procs, make_endpoint):
     make_endpoint("twice", path="endpoints.demo.echo")
     ticket = admit_ticket(endpoint="twice", input={"x": 1}).ticket
-    for _ in range(3):  # two more copies of the same dispatch message
+    # Three copies of the dispatch message. The worker's dispatcher may add a
+    # fourth (the ticket owes a dispatch) or find the ticket already started by
+    # a copy and add none: only the three copies are certain.
+    for _ in range(3):
         celery_app.send_task(RUN_TICKET, args=[str(ticket.id)])
     celery_procs.worker()
     wait_for(terminal([ticket.id]), message="the ticket to finish")
     # Give the duplicates time to be consumed: wait until the broker is empty.
     wait_for(lambda: broker_queue_length("turns") == 0, message="the broker queue to drain")
     wait_for(
-        lambda: celery_procs.log("turns").count(b"succeeded in") >= 4,
-        timeout=20,
-        message="all four messages to be processed",
+        lambda: celery_procs.log("turns").count(b"succeeded in") >= 3,
+        timeout=30,
+        message="the three copies to be processed",
     )
     assert Turn.objects.filter(ticket=ticket).count() == 1
     assert TicketEvent.objects.filter(ticket=ticket, kind="turn_started").count() == 1
