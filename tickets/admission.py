@@ -366,8 +366,13 @@ def _execute_fast(params: dict[str, Any]) -> tuple | None:
             return cur.fetchone()
     import psycopg
 
+    # What Django's own cursor() does around a query: the health check of a
+    # reused connection (CONN_HEALTH_CHECKS), so one left broken by a database
+    # restart is replaced instead of failing this request; and errors wrapped
+    # as Django's, which marks the connection for the end-of-request check.
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cur:
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
         cur.execute(_FAST_SQL, params, prepare=True)
         return cur.fetchone()
 

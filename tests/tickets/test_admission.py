@@ -384,3 +384,30 @@ def test_a_method_the_route_does_not_take_is_a_json_405(client, api_key, method,
     assert resp.status_code == 405
     assert resp.json()["error"] == "method_not_allowed"
     assert resp.json()["detail"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_admission_on_a_connection_a_database_restart_broke_reconnects(api, make_endpoint):
+    """A web thread's kept connection that a PostgreSQL restart severed is
+    replaced before the admission uses it (CONN_HEALTH_CHECKS), as Django's
+    own cursors do: the first request after the restart is 201, not a 503.
+    The fault suite found it: the prepared admission statement went to the
+    raw connection, past the health check."""
+    import psycopg
+
+    make_endpoint("alpha")
+    first = api.post("/tickets", {"endpoint": "alpha", "input": {"n": 1}})
+    assert first.status_code == 201, first.content
+    pid = connection.connection.info.backend_pid
+    params = connection.get_connection_params()
+    params.update(user="postgres", dbname=params.get("dbname"))
+    params.pop("password", None)
+    with psycopg.connect(**params, autocommit=True) as admin:  # what a restart does
+        assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+    # What the request_started signal does under a real server (Django's test
+    # client disconnects it): it arms the health check for the next query.
+    connection.close_if_unusable_or_obsolete()
+    after = api.post("/tickets", {"endpoint": "alpha", "input": {"n": 2}})
+    assert after.status_code == 201, after.content
+    assert connection.connection.info.backend_pid != pid
+    assert Ticket.objects.filter(endpoint__address="alpha").count() == 2
