@@ -204,7 +204,10 @@ def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
         timeout=60,
         message="the ticket to end",
     )
-    assert state == "succeeded", f"after a {outage:.1f}s outage the ticket is {state}"
+    assert state == "succeeded", (
+        f"after a {outage:.1f}s outage the ticket is {state}; the turns worker's log:\n"
+        + procs.log("turns")[-6000:].decode(errors="replace")
+    )
     assert b"transient database error" in procs.log("turns")  # the finish was retried
     body = api.get(f"/tickets/{ticket['id']}").json()
     assert body["result"]["slept_s"] >= 3

@@ -53,13 +53,20 @@ def run_ticket(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> uuid.UUID |
         seq=turn.seq,
         endpoint=endpoint.address,
         input=ticket.input,
-        _load_history=lambda: recent_history(endpoint.id),
+        # Reads between start and finish wait out an outage like those two:
+        # an error here would leave a started turn without an outcome, and
+        # the budget sweep would quarantine a healthy endpoint.
+        _load_history=lambda: _read_with_retry(
+            lambda: recent_history(endpoint.id), what=f"history for turn {turn.id}"
+        ),
         deadline=turn.deadline_at,
         runner=endpoint.runner,
         interrupt_grace_s=endpoint.interrupt_grace_s,
         _interrupt=interrupt,
         _heartbeat=beater.beat,
-        _children_of=lambda parent: children_of(endpoint.id, parent),
+        _children_of=lambda parent: _read_with_retry(
+            lambda: children_of(endpoint.id, parent), what=f"children for turn {turn.id}"
+        ),
         token=started.token,
     )
     log.info(
@@ -137,6 +144,12 @@ def children_of(endpoint_id: int, parent_id: str) -> list[dict[str, Any]]:
             entry["answered_by"] = str(answer.id)
         children.append(entry)
     return children
+
+
+def _read_with_retry(read, *, what: str):
+    """A read the turn needs while it runs, through a database outage (the
+    heartbeat thread keeps the turn alive meanwhile)."""
+    return retry_transient(read, what=what, max_s=settings.FINISH_RETRY_MAX_S)
 
 
 def start_with_retry(

@@ -315,3 +315,28 @@ def test_a_start_that_gives_up_leaves_the_ticket_to_the_lost_dispatch_sweep(
     settings.REDISPATCH_AFTER_S = 0
     assert runtime.sweep_lost_dispatches() == [ticket.id]
     assert ("endpoints.run_ticket", [str(ticket.id)]) in queued_tasks("turns")
+
+
+# --- reads between start and finish -----------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+def test_the_history_read_before_an_isolated_turn_waits_out_an_outage(
+    make_endpoint, monkeypatch, isolation
+):
+    """The fault suite found it: a PostgreSQL restart met the supervisor's read
+    of the endpoint's history (before the fork: the child has no database),
+    the task raised, and the started turn was left to the budget sweep, which
+    quarantined a healthy endpoint. The read is retried like start and finish."""
+    make_endpoint("blip-history", isolation=isolation)
+    ticket = admit_ticket(endpoint="blip-history", input={"h": 1}).ticket
+    flaky = fail_first(2, execute.recent_history)
+    monkeypatch.setattr(execute, "recent_history", flaky)
+
+    runtime.run_ticket(ticket_id=ticket.id, celery_task_id="task-history")
+
+    t = Ticket.objects.get(id=ticket.id)
+    assert t.state == "succeeded" and t.result == {"echo": {"h": 1}}
+    if isolation == "process":  # inline, demo.echo never asks for the history
+        assert len(flaky.calls) == 3

@@ -50,8 +50,8 @@ def wait_until(
 
 class Cluster:
     """The private PostgreSQL and Redis, and the fault tests' database. Its
-    migration (and a staff API key) runs in the background while the stack's
-    processes start: both take many seconds on a loaded machine."""
+    migration (and a staff API key) runs in the background from the session's
+    start until the stack needs it."""
 
     DB = "faults_ledger"
 
@@ -250,13 +250,15 @@ class Stack:
     def start(
         self, *, turns: Iterable[tuple[str, int]] = (("turns", 4),), control: int = 2
     ) -> Stack:
-        """Everything at once (start-up is slow on a loaded machine)."""
+        """Every process at once (start-up is slow on a loaded machine), once
+        the database is migrated: a process that writes while a migration
+        alters the table (a worker registering, a sweep) can deadlock it, as
+        in production, where migrations run before the processes start."""
         self.turns, self.control = list(turns), control
         spawners = self._spawners()
+        self.cluster.ready()
         for spawn in spawners.values():
             spawn()
-        # Sweeps that run before the migration ends fail harmlessly (logged).
-        self.cluster.ready()
         self.http.headers["Authorization"] = f"Bearer {self.cluster.staff_key}"
         self.wait_ready(*spawners)
         return self
