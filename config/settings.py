@@ -136,6 +136,9 @@ DATABASE_APP_ROLE = env.str("DATABASE_APP_ROLE", default="") or (
 ADMISSION_PREPARED = env.bool("ADMISSION_PREPARED", default=True)
 # A turn's start and its common finish as one statement each (PostgreSQL).
 TURN_FAST_PATH = env.bool("TURN_FAST_PATH", default=True)
+# ... and those two statements prepared (off behind PgBouncer in transaction
+# mode before 1.21, like ADMISSION_PREPARED).
+TURN_PREPARED = env.bool("TURN_PREPARED", default=True)
 # API keys verified in this process are remembered this many seconds (0: off),
 # at most API_KEY_CACHE_SIZE of them (console/keys.py): a revocation or a
 # user's deactivation made elsewhere takes effect here within this delay.

@@ -115,8 +115,9 @@ def dispatch_next(*, endpoint_id: int) -> None:
 # endpoint order (FOR UPDATE waits out a start or a release in flight, then
 # re-checks the row: a lock taken meanwhile drops out); for each, its oldest
 # marked ticket (skipping one a cancel holds), unmarked only if still marked
-# and queued. One message per free endpoint: the release of the turn it
-# starts publishes the next marked ticket.
+# and queued (found by key: joined to pick, the planner scanned every queued
+# ticket). One message per free endpoint: the release of the turn it starts
+# publishes the next marked ticket.
 _OWED_SQL = """
 WITH owed AS (
     SELECT DISTINCT t.endpoint_id FROM tickets_ticket t
@@ -139,7 +140,7 @@ pick AS (
         FOR UPDATE OF t SKIP LOCKED) p
 )
 UPDATE tickets_ticket t SET needs_dispatch = false
-FROM pick WHERE t.id = pick.id AND t.state = 'queued' AND t.needs_dispatch
+WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.state = 'queued' AND t.needs_dispatch
 RETURNING t.id
 """
 

@@ -95,7 +95,33 @@ def test_start_and_finish_are_one_statement_each(make_endpoint, settings):
         )
     assert len(start_q.captured_queries) == 1, start_q.captured_queries
     assert len(finish_q.captured_queries) == 1, finish_q.captured_queries
+    # The statements keep their text in Django's query log (prepared or not).
+    assert "WITH msg AS" in start_q.captured_queries[0]["sql"]
+    assert "UPDATE" in finish_q.captured_queries[0]["sql"]
     assert Ticket.objects.get(id=ticket.id).state == "succeeded"
+
+
+def test_start_and_finish_run_as_prepared_statements(make_endpoint, settings):
+    """Planning these CTEs costs the server about what running them does:
+    with TURN_PREPARED each is planned once per connection."""
+    settings.TURN_FAST_PATH = settings.TURN_PREPARED = True
+    make_endpoint("prepared")
+    for i in range(2):
+        ticket = admit_ticket(endpoint="prepared", input={"i": i}).ticket
+        started = runtime.start_turn(ticket_id=ticket.id)
+        runtime.finish_turn(
+            turn_id=started.turn.id,
+            seq=started.turn.seq,
+            outcome=Outcome.success({"i": i}),
+            source="worker",
+            turn=started.turn,
+        )
+        assert Ticket.objects.get(id=ticket.id).result == {"i": i}
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cur.fetchall()]
+    assert any("WITH msg AS" in s for s in prepared), prepared
+    assert any(s.lstrip().startswith("WITH tk AS") for s in prepared), prepared
 
 
 def _threads(*fns):
@@ -280,3 +306,77 @@ def test_every_placeholder_of_the_statements_is_filled():
 
     for sql in (fastpath.START_SQL, fastpath._FINISH_SUCCESS, fastpath._FINISH_FAILURE):
         assert "{" not in sql and "}" not in sql
+
+
+def _plan_rows(sql: str, params: dict, *, skip: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+    """(node, actual rows x loops) of every plan node of ``sql``, run for
+    real (EXPLAIN ANALYZE) and rolled back; ``skip`` names sub-plans (e.g.
+    "CTE tk") left out with everything under them."""
+    import json
+
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+            plan = cur.fetchone()[0]
+        transaction.set_rollback(True)
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    out, stack = [], [plan[0]["Plan"]]
+    while stack:
+        node = stack.pop()
+        if node.get("Subplan Name") in skip:
+            continue
+        label = f"{node['Node Type']} {node.get('Index Name') or node.get('Relation Name') or ''}"
+        out.append((label, node["Actual Rows"] * node["Actual Loops"]))
+        stack.extend(node.get("Plans", []))
+    return out
+
+
+def test_a_start_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint):
+    """Found by the benchmark (auto_explain): the start statement joined the
+    ticket update to the new turn, and the planner, whose statistics showed
+    one queued ticket, scanned the endpoint's whole queued index to find it
+    (98 rows for a backlog of 98): O(backlog) per turn. By key, every node
+    touches a handful of rows however many tickets wait.
+
+    Except tk, the endpoint's oldest queued ticket (ORDER BY id LIMIT 1): with
+    this test's degenerate statistics (one endpoint, one row when analysed)
+    the planner may read it through another index and sort; on a ledger with
+    history (bench/turns.py seeds 20,000 tickets) it walks ticket_queued_idx
+    in order and stops at the first row."""
+    import uuid
+
+    from endpoints.runtime import fastpath
+
+    make_endpoint("history")
+    for i in range(60):  # a ledger with history, as in production
+        ticket = admit_ticket(endpoint="history", input={"i": i}).ticket
+        started = runtime.start_turn(ticket_id=ticket.id)
+        runtime.finish_turn(
+            turn_id=started.turn.id,
+            seq=started.turn.seq,
+            outcome=Outcome.success({}),
+            source="worker",
+            turn=started.turn,
+        )
+    make_endpoint("backlog")
+    first = admit_ticket(endpoint="backlog", input={"i": -1}).ticket
+    with connection.cursor() as cur:  # statistics taken while one ticket waits
+        cur.execute("ANALYZE tickets_ticket")
+    for i in range(300):
+        admit_ticket(endpoint="backlog", input={"i": i})
+    rows = _plan_rows(
+        fastpath.START_SQL,
+        {
+            "ticket": first.id,
+            "turn": uuid.uuid4(),
+            "task": "plan",
+            "worker": "{}",
+            "token_sha256": "",
+            "actor": "worker",
+            "node": "",
+            "pid": 0,
+        },
+        skip=("CTE tk",),
+    )
+    big = [(node, n) for node, n in rows if n > 5]
+    assert not big, big
