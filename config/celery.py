@@ -46,6 +46,21 @@ def _beat_schedule(sender, **kwargs):
         }
 
 
+# --- Database connections in the worker ----------------------------------------------------------
+
+
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def _database_connections(**kwargs):
+    """Between tasks, what Django does between requests: close a connection
+    that failed or outlived CONN_MAX_AGE and arm the health check of the
+    others (CONN_HEALTH_CHECKS); keep the rest. (With CELERY_DB_REUSE_MAX set,
+    Celery's own fixup no longer closes them all around every task.)"""
+    from django.db import close_old_connections
+
+    close_old_connections()
+
+
 # --- Logs and metrics in the worker (config/logs.py, config/metrics.py) -----------------------
 
 

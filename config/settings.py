@@ -361,6 +361,13 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fixup closes every database connection before and after
+# every task unless this is set: each turn then paid a new PostgreSQL session
+# (a backend fork, authentication, Django's set-up queries: ~20 ms) and its
+# prepared statements were lost with it. Set, the fixup closes them only every
+# DB_REUSE_MAX tasks; between tasks config/celery.py closes a connection only
+# when CONN_MAX_AGE says so or it failed, as Django does between requests.
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
