@@ -333,3 +333,30 @@ def test_http_agent_is_asked_to_stop_and_its_receipt_is_the_evidence(
     t = api.get(f"/tickets/{ticket.id}").json()
     assert t["state"] == "failed" and t["error"]["code"] == "timed_out"
     assert api.get("/endpoints/remote2").json()["lock"]["holder_turn"] is None
+
+
+def test_a_worker_keeps_its_database_connection_from_turn_to_turn(celery_procs, make_endpoint):
+    """Celery's Django fixup closes every connection around every task unless
+    CELERY_DB_REUSE_MAX is set: each turn then opened a new PostgreSQL
+    session (half a turn's time in bench/turns.py). Ten turns in one pool
+    process open at most a couple of sessions, not ten."""
+    from django.db import connection
+
+    def sessions() -> int:
+        with connection.cursor() as cur:
+            cur.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+            return cur.fetchone()[0]
+
+    make_endpoint("reuse", path="endpoints.demo.echo", isolation="inline")
+    celery_procs.env["DB_CONN_MAX_AGE"] = "60"  # production's default (the tests' is 0)
+    celery_procs.worker(concurrency=1)
+    warm = admit_ticket(endpoint="reuse", input={"n": -1}).ticket.id
+    wait_for(terminal([warm]), message="the first turn")
+    before = sessions()
+    ids = []
+    for i in range(10):  # one at a time: each is its own task
+        ids.append(admit_ticket(endpoint="reuse", input={"n": i}).ticket.id)
+        wait_for(terminal(ids[-1:]), message=f"turn {i}")
+    opened = sessions() - before
+    assert set(Ticket.objects.filter(id__in=ids).values_list("state", flat=True)) == {"succeeded"}
+    assert opened <= 3, f"{opened} PostgreSQL sessions opened for 10 turns"
