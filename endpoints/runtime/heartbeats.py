@@ -4,7 +4,9 @@ heartbeat thread that also raises the runner's interrupt flag."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -60,11 +62,16 @@ def heartbeat(
     return HeartbeatState(current=False, interrupted=True)
 
 
-class Heartbeater(threading.Thread):
-    """Heartbeats for a turn running in this worker, and raises the runner's
-    interrupt flag when the turn is asked to stop (cooperative interrupt).
+class Heartbeater:
+    """The heartbeat of one turn running in this worker process. It also
+    raises the runner's interrupt flag when the turn is asked to stop
+    (cooperative interrupt).
 
-    It outlives a database outage: a failed beat drops this thread's broken
+    Its scheduled beats are made by the process's one heartbeat thread
+    (``_HeartbeatThread``): a turn costs a dict entry, not a thread started and
+    joined (which was 8 % of a no-op turn in the worker, bench/README.md).
+
+    It outlives a database outage: a failed beat drops the thread's broken
     connection and the next one is tried sooner (capped backoff), so once the
     database is back the turn's heartbeat is fresh again within a couple of
     seconds. It keeps beating until the turn's outcome is recorded (``stop``
@@ -74,9 +81,9 @@ class Heartbeater(threading.Thread):
     RETRY_CAP_S = 2.0
 
     def __init__(self, turn: Turn, interval: float, interrupt: threading.Event) -> None:
-        super().__init__(daemon=True, name=f"heartbeat-{turn.id}")
         self.turn, self.interval, self.interrupt = turn, interval, interrupt
-        self.done = threading.Event()
+        self.failures = 0
+        self.due = 0.0  # monotonic time of the next scheduled beat
 
     def _beat(self) -> bool:
         state = heartbeat(turn_id=self.turn.id, seq=self.turn.seq)
@@ -99,41 +106,118 @@ class Heartbeater(threading.Thread):
             drop_broken_connection()
             return self.interrupt.is_set()
 
-    def _next_wait(self, failures: int) -> float:
-        if not failures:
+    def _next_wait(self) -> float:
+        if not self.failures:
             return self.interval
-        return backoff_delay(failures - 1, base_s=0.25, cap_s=min(self.interval, self.RETRY_CAP_S))
+        return backoff_delay(
+            self.failures - 1, base_s=0.25, cap_s=min(self.interval, self.RETRY_CAP_S)
+        )
 
-    def run(self) -> None:
-        failures = 0
+    def scheduled_beat(self) -> None:
+        """A beat from the heartbeat thread; never raises. Sets ``due``."""
         try:
-            while not self.done.wait(self._next_wait(failures)):
-                try:
-                    self._beat()
-                    if failures:
-                        log.info(
-                            "heartbeat for turn %s is back after %d failure(s)",
-                            self.turn.id,
-                            failures,
-                        )
-                    failures = 0
-                except TRANSIENT_DB_ERRORS as exc:
-                    failures += 1
-                    log.warning(
-                        "heartbeat for turn %s seq %s failed (%d): %s; retrying",
-                        self.turn.id,
-                        self.turn.seq,
-                        failures,
-                        describe(exc),
-                    )
-                    drop_broken_connection()
-                except Exception:  # nothing may kill the heartbeat of a live turn
-                    failures += 1
-                    log.exception("heartbeat for turn %s failed", self.turn.id)
-                    drop_broken_connection()
-        finally:
-            connection.close()
+            self._beat()
+            if self.failures:
+                log.info(
+                    "heartbeat for turn %s is back after %d failure(s)",
+                    self.turn.id,
+                    self.failures,
+                )
+            self.failures = 0
+        except TRANSIENT_DB_ERRORS as exc:
+            self.failures += 1
+            log.warning(
+                "heartbeat for turn %s seq %s failed (%d): %s; retrying",
+                self.turn.id,
+                self.turn.seq,
+                self.failures,
+                describe(exc),
+            )
+            drop_broken_connection()
+        except Exception:  # nothing may kill the heartbeat of a live turn
+            self.failures += 1
+            log.exception("heartbeat for turn %s failed", self.turn.id)
+            drop_broken_connection()
+        self.due = time.monotonic() + self._next_wait()
+
+    def start(self) -> None:
+        """Beat every ``interval`` from now until ``stop``."""
+        self.due = time.monotonic() + self._next_wait()
+        _thread().add(self)
 
     def stop(self) -> None:
-        self.done.set()
-        self.join(timeout=5)
+        """No scheduled beat after this returns, except one already under
+        way (harmless: a beat of an ended turn changes nothing)."""
+        _thread().remove(self)
+
+
+class _HeartbeatThread(threading.Thread):
+    """The one heartbeat thread of a worker process: it sleeps until the
+    earliest due beat of the turns the process runs, makes the due ones (on
+    its own database connection, outside any lock) and sleeps again. With no
+    turn left it closes its connection, as the thread per turn did when it
+    ended: an idle pool process holds no extra database session."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="heartbeats")
+        self._cond = threading.Condition()
+        self._beats: dict[uuid.UUID, Heartbeater] = {}
+        self._wake_at = float("inf")  # when the thread wakes next, as it knows
+        self._connected = False  # it beat since it last closed its connection
+
+    def add(self, beater: Heartbeater) -> None:
+        with self._cond:
+            self._beats[beater.turn.id] = beater
+            # Wake the thread only when this beat is due before it would wake
+            # anyway (back-to-back short turns then cost no thread switch).
+            if beater.due < self._wake_at:
+                self._cond.notify()
+
+    def remove(self, beater: Heartbeater) -> None:
+        with self._cond:
+            if self._beats.get(beater.turn.id) is beater:
+                del self._beats[beater.turn.id]
+            if not self._beats and self._connected:
+                self._cond.notify()  # close the connection now, not at the next wake
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [b for b in self._beats.values() if b.due <= now]
+                if not due:
+                    idle = not self._beats
+                    self._wake_at = (
+                        min(b.due for b in self._beats.values()) if self._beats else float("inf")
+                    )
+                    if not (idle and self._connected):
+                        self._cond.wait(None if idle else self._wake_at - now)
+                        continue
+            if not due:  # idle, with a connection open: close it (outside the lock)
+                connection.close()
+                self._connected = False
+                continue
+            for beater in due:
+                self._connected = True
+                beater.scheduled_beat()
+
+
+_heartbeat_thread: _HeartbeatThread | None = None
+_heartbeat_pid = 0
+_heartbeat_lock = threading.Lock()
+
+
+def _thread() -> _HeartbeatThread:
+    """This process's heartbeat thread, started on first use (a forked pool
+    process does not inherit its parent's thread: it starts its own)."""
+    global _heartbeat_thread, _heartbeat_pid
+    with _heartbeat_lock:
+        if (
+            _heartbeat_thread is None
+            or _heartbeat_pid != os.getpid()
+            or not _heartbeat_thread.is_alive()
+        ):
+            _heartbeat_thread = _HeartbeatThread()
+            _heartbeat_thread.start()
+            _heartbeat_pid = os.getpid()
+        return _heartbeat_thread

@@ -240,10 +240,9 @@ def test_the_heartbeat_thread_survives_database_errors_and_beats_again(make_endp
             timeout=10,
             message="a heartbeat after three failed ones",
         )
-        assert beater.is_alive() and len(flaky.calls) >= 4
+        assert len(flaky.calls) >= 4
     finally:
-        beater.done.set()
-        beater.join(timeout=5)
+        beater.stop()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -360,3 +360,51 @@ def test_a_worker_keeps_its_database_connection_from_turn_to_turn(celery_procs, 
     opened = sessions() - before
     assert set(Ticket.objects.filter(id__in=ids).values_list("state", flat=True)) == {"succeeded"}
     assert opened <= 3, f"{opened} PostgreSQL sessions opened for 10 turns"
+
+
+def test_a_turn_on_a_connection_the_database_severed_between_tasks_still_runs(
+    celery_procs, make_endpoint
+):
+    """A turn skips the health check's ``SELECT 1`` (config/celery.py): a
+    connection the database dropped while the pool process was idle fails the
+    start's first statement instead, and the start is retried on a new one.
+    Nothing is lost and the endpoint stays available."""
+    from django.db import connection
+
+    make_endpoint("severed", path="endpoints.demo.echo", isolation="inline")
+    celery_procs.env["DB_CONN_MAX_AGE"] = "60"  # kept between tasks, as in production
+    celery_procs.worker(concurrency=1)
+    warm = admit_ticket(endpoint="severed", input={"n": -1}).ticket.id
+    wait_for(terminal([warm]), message="the first turn")
+    with connection.cursor() as cur:  # every session but this test's: the worker's
+        cur.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        )
+        assert cur.fetchone()[0] >= 1
+    ids = [admit_ticket(endpoint="severed", input={"n": i}).ticket.id for i in range(3)]
+    wait_for(terminal(ids), timeout=30, message="the turns after the sessions were severed")
+    assert set(Ticket.objects.filter(id__in=ids).values_list("state", flat=True)) == {"succeeded"}
+    assert Endpoint.objects.get(address="severed").state == "available"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_only_a_turn_skips_the_health_check_between_tasks():
+    from celery import signals
+    from django.db import connection
+
+    from config.celery import _database_connections
+
+    connection.ensure_connection()
+    from types import SimpleNamespace
+
+    from config.dispatch import DELIVER
+
+    run_ticket, deliver = SimpleNamespace(name=RUN_TICKET), SimpleNamespace(name=DELIVER)
+    _database_connections(signal=signals.task_prerun, task=run_ticket)
+    assert connection.health_check_done  # the start's retry stands in for it
+    _database_connections(signal=signals.task_postrun, task=run_ticket)
+    assert not connection.health_check_done
+    _database_connections(signal=signals.task_prerun, task=deliver)
+    assert not connection.health_check_done  # every other task checks first
