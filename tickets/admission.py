@@ -177,6 +177,7 @@ _CB_NONE, _DL_NONE = CallbackState.NONE.value, DeliveryState.NONE.value
 # Every column of the ticket, for the duplicate branch (read back in this
 # order by _ticket_from_row).
 _TICKET_FIELDS = tuple(Ticket._meta.concrete_fields)
+_TICKET_ATTNAMES = [f.attname for f in _TICKET_FIELDS]
 _TICKET_COLUMNS = ", ".join(f't."{f.column}"' for f in _TICKET_FIELDS)
 _NO_TICKET = ", ".join("NULL" for _ in _TICKET_FIELDS)
 _FAST_SQL = f"""
@@ -284,27 +285,39 @@ def _admit_fast_pg(
         return _duplicate(
             existing, dedupe_key=dedupe_key, sha=sha, submitter=submitter, visible=visible
         )
-    ticket = Ticket(
-        id=ticket_id,
-        endpoint_id=endpoint_id,
-        dedupe_key=dedupe_key,
-        input_sha256=sha,
-        input=json.loads(input_json),
-        trace_id=params["trace_id"],
-        depth=0,
-        state=TicketState.QUEUED,
-        artifacts=[],
-        requester=requester,
-        submitted_by_id=submitted_by_id,
-        needs_dispatch=True,
-        obligation_state=ObligationState.OPEN,
-        obligation_due_at=params["due"],
-        created_at=now,
-        updated_at=now,
-    )
+    # The row as the statement inserted it, loaded as the ORM loads a row
+    # (from_db: positional, no keyword handling; 0.15 ms of a 0.9 ms
+    # admission went to Ticket(**fields)). The fields it leaves out are NULL.
+    inserted_row = {
+        "id": ticket_id,
+        "endpoint_id": endpoint_id,
+        "dedupe_key": dedupe_key,
+        "input_sha256": sha,
+        "input": json.loads(input_json),
+        "trace_id": params["trace_id"],
+        "depth": 0,
+        "state": TicketState.QUEUED.value,
+        "artifacts": [],
+        "requester": requester,
+        "submitted_by_id": submitted_by_id,
+        "callback_state": CallbackState.NONE.value,
+        "delivery_state": DeliveryState.NONE.value,
+        "needs_dispatch": True,
+        "obligation_state": ObligationState.OPEN.value,
+        "obligation_due_at": params["due"],
+        "obligation_overdue": False,
+        "obligation_note": "",
+        "created_at": now,
+        "updated_at": now,
+        "version": 1,
+    }
+    alias = connection.alias
+    ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, [inserted_row.get(a) for a in _TICKET_ATTNAMES])
     # The endpoint as the statement read it (the ticket's own foreign key
     # names the model: tickets never imports endpoints).
-    ticket.endpoint = Ticket.endpoint.field.related_model(id=endpoint_id, address=canonical_address)
+    ticket.endpoint = Ticket.endpoint.field.related_model.from_db(
+        alias, ["id", "address"], [endpoint_id, canonical_address]
+    )
     return Admitted(ticket=ticket, duplicate=False)
 
 
@@ -337,7 +350,7 @@ def _ticket_from_row(row: tuple, endpoint_address: str) -> Ticket:
         for convert in converters:
             values[i] = convert(values[i], field, conn)
     alias = conn.alias
-    ticket = Ticket.from_db(alias, [f.attname for f in _TICKET_FIELDS], values)
+    ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, values)
     endpoint_model = Ticket.endpoint.field.related_model
     ticket.endpoint = endpoint_model.from_db(
         alias, ["id", "address"], [ticket.endpoint_id, endpoint_address]

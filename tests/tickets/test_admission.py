@@ -355,6 +355,25 @@ def test_a_duplicate_comes_back_whole_from_the_one_statement(
     assert payload["input"] == {"x": [1, "two"]} and payload["requester"] == {"name": "r"}
 
 
+def test_a_new_ticket_comes_back_as_the_database_holds_it(make_endpoint, django_assert_num_queries):
+    """The fast path builds the new ticket from what its statement inserted,
+    without reading it back: every field must equal the stored row's, and
+    the instance must be one the ORM would have loaded (not a new object)."""
+    from tickets import selectors
+
+    make_endpoint("alpha")
+    with django_assert_num_queries(0):
+        admitted = admit_ticket(
+            endpoint="alpha", input={"x": [1, "two"]}, dedupe_key="new-k", requester={"name": "r"}
+        )
+        payload = selectors.ticket_payload(admitted.ticket, duplicate=False)
+    assert not admitted.duplicate and not admitted.ticket._state.adding
+    loaded = Ticket.objects.get(id=admitted.ticket.id)
+    for field in Ticket._meta.concrete_fields:
+        assert getattr(admitted.ticket, field.attname) == getattr(loaded, field.attname), field.name
+    assert payload == selectors.ticket_payload(selectors.get_ticket(loaded.id), duplicate=False)
+
+
 def test_fast_path_runs_as_a_prepared_statement(make_endpoint, django_assert_num_queries):
     make_endpoint("alpha")
     with django_assert_num_queries(0):  # nothing through Django's own cursors
