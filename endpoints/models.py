@@ -88,7 +88,10 @@ class EndpointEvent(models.Model):
     submitters (and budgets and policies). ``endpoints/services.py`` writes
     it in the same transaction as the change."""
 
-    endpoint = models.ForeignKey(Endpoint, on_delete=models.DO_NOTHING, related_name="events")
+    # No index of its own: endpoint_event_idx leads with it.
+    endpoint = models.ForeignKey(
+        Endpoint, on_delete=models.DO_NOTHING, related_name="events", db_index=False
+    )
     kind = models.CharField(max_length=64)
     actor = models.CharField(max_length=200, blank=True, default="")
     detail = models.JSONField(default=dict, blank=True)
@@ -160,7 +163,10 @@ TURN_ACTIVE_STATES = (TurnState.RUNNING, TurnState.INTERRUPTING)
 
 class Turn(models.Model):
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
-    endpoint = models.ForeignKey(Endpoint, on_delete=models.PROTECT, related_name="turns")
+    # No index of its own: turn_seq_unique (endpoint, seq) leads with it.
+    endpoint = models.ForeignKey(
+        Endpoint, on_delete=models.PROTECT, related_name="turns", db_index=False
+    )
     ticket = models.ForeignKey("tickets.Ticket", on_delete=models.PROTECT, related_name="turns")
     seq = models.BigIntegerField()
     state = models.CharField(max_length=16, choices=TurnState.choices, default=TurnState.RUNNING)
@@ -205,7 +211,10 @@ class Turn(models.Model):
 class ContextEntry(models.Model):
     """The endpoint's history: one entry per completed turn."""
 
-    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="history")
+    # No index of its own: context_recent_idx (endpoint, -seq) leads with it.
+    endpoint = models.ForeignKey(
+        Endpoint, on_delete=models.CASCADE, related_name="history", db_index=False
+    )
     turn = models.OneToOneField(Turn, on_delete=models.PROTECT, related_name="context_entry")
     ticket = models.ForeignKey("tickets.Ticket", on_delete=models.PROTECT, related_name="+")
     seq = models.BigIntegerField()
@@ -242,7 +251,10 @@ class Worker(models.Model):
 class WorkerSlot(models.Model):
     """One pool process of a worker, and the turn it runs (null: idle)."""
 
-    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="slots")
+    # No index of its own: worker_slot_unique_pid (worker, pid) leads with it.
+    worker = models.ForeignKey(
+        Worker, on_delete=models.CASCADE, related_name="slots", db_index=False
+    )
     pid = models.IntegerField()
     turn = models.ForeignKey(
         Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

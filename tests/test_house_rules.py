@@ -119,3 +119,58 @@ def test_text_caps_come_from_one_source():
         if getattr(f, "max_length", None)
     }
     assert form_caps == {recovery.MAX_TEXT} == {limits.TEXT_CHARS}
+
+
+@pytest.mark.django_db
+def test_no_index_is_a_prefix_of_another_on_the_same_table():
+    """Every index costs a write per row (issue 12): a plain index whose
+    columns begin another index of the same table serves nothing that one
+    does not. Unique and partial indexes are left out (they constrain or
+    cover other rows). Django's own many-to-many tables are left out too: it
+    makes both of their indexes."""
+    from django.apps import apps
+    from django.db import connection
+
+    ours = [
+        m._meta.db_table
+        for m in apps.get_models(include_auto_created=False)
+        if m._meta.app_label in ("tickets", "endpoints", "recovery", "console", "health")
+    ]
+
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT c.relname, i.relname, x.indkey::text || '/' || x.indclass::text,
+                x.indisunique, x.indpred IS NOT NULL
+            FROM pg_index x
+            JOIN pg_class i ON i.oid = x.indexrelid
+            JOIN pg_class c ON c.oid = x.indrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = current_schema() AND x.indexprs IS NULL
+              AND c.relname = ANY(%s)
+            """,
+            [ours],
+        )
+        rows = cur.fetchall()
+    redundant = []
+    for table, name, keys, unique, partial in rows:
+        if unique or partial:
+            continue
+        cols = _index_columns(keys)
+        for other_table, other, other_keys, _, other_partial in rows:
+            other_cols = _index_columns(other_keys)
+            if (
+                other_table == table
+                and other != name
+                and not other_partial
+                and len(other_cols) > len(cols)
+                and other_cols[: len(cols)] == cols
+            ):
+                redundant.append(f"{table}.{name} (led by {other})")
+    assert not redundant, redundant
+
+
+def _index_columns(keys: str) -> list[tuple[str, str]]:
+    """(column number, operator class) of each column of an index."""
+    columns, classes = keys.split("/")
+    return list(zip(columns.split(), classes.split(), strict=True))

@@ -312,7 +312,9 @@ def _admit_fast_pg(
         "version": 1,
     }
     alias = connection.alias
-    ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, [inserted_row.get(a) for a in _TICKET_ATTNAMES])
+    ticket = Ticket.from_db(
+        alias, _TICKET_ATTNAMES, [inserted_row.get(a) for a in _TICKET_ATTNAMES]
+    )
     # The endpoint as the statement read it (the ticket's own foreign key
     # names the model: tickets never imports endpoints).
     ticket.endpoint = Ticket.endpoint.field.related_model.from_db(

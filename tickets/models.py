@@ -203,8 +203,13 @@ class Ticket(models.Model):
 class TicketEvent(models.Model):
     """Append-only: the database refuses UPDATE and DELETE (see migrations)."""
 
+    # No index of its own: event_ticket_idx (ticket, id) leads with it.
     ticket = models.ForeignKey(
-        Ticket, on_delete=models.DO_NOTHING, related_name="events", db_constraint=True
+        Ticket,
+        on_delete=models.DO_NOTHING,
+        related_name="events",
+        db_constraint=True,
+        db_index=False,
     )
     kind = models.CharField(max_length=64)
     from_state = models.CharField(max_length=16, blank=True, default="")
@@ -283,7 +288,10 @@ class Delivery(models.Model):
 
 
 class DeliveryAttempt(models.Model):
-    delivery = models.ForeignKey(Delivery, on_delete=models.PROTECT, related_name="attempt_log")
+    # No index of its own: attempt_number_unique (delivery, number) leads with it.
+    delivery = models.ForeignKey(
+        Delivery, on_delete=models.PROTECT, related_name="attempt_log", db_index=False
+    )
     number = models.PositiveIntegerField()
     at = models.DateTimeField()
     status_code = models.IntegerField(null=True, blank=True)
