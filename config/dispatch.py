@@ -36,8 +36,9 @@ def wake_dispatcher(using: str = "default") -> None:
 
 def publish_now(task_name: str, ids: list[str]) -> int:
     """Send ``task_name(id)`` for each id at once (the caller is outside any
-    transaction), over one producer connection. Returns how many were sent;
-    a failure leaves the rest to the lost-dispatch sweep."""
+    transaction), over one producer connection. Returns how many were sent
+    (the first ones); the caller decides what becomes of the rest
+    (``endpoints.runtime.dispatch`` marks them owed again)."""
     from config.celery import app
 
     sent = 0
@@ -46,9 +47,9 @@ def publish_now(task_name: str, ids: list[str]) -> int:
             for one in ids:
                 app.send_task(task_name, args=[one], producer=producer)
                 sent += 1
-    except Exception:  # broker down: the sweep re-publishes from the ledger
+    except Exception:  # broker down: the caller marks them owed again (or the sweep)
         log.exception(
-            "publish of %d %s message(s) failed; the sweep will retry", len(ids) - sent, task_name
+            "publish of %d %s message(s) failed; they stay owed", len(ids) - sent, task_name
         )
     return sent
 

@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from config.dispatch import RUN_TICKET, publish, publish_now, wake_dispatcher
+from config.transient import TRANSIENT_DB_ERRORS
 from tickets.models import Ticket, TicketState
 
 from ..models import (
@@ -51,6 +52,19 @@ def release_lock(*, endpoint_id: int, turn: Turn) -> None:
         # The caller holds the lock row and checked the holder: a miss is a bug.
         raise RuntimeError(f"lock of endpoint {endpoint_id} is not held by turn {turn.id}")
     dispatch_next(endpoint_id=endpoint_id)
+
+
+def publish_next(ticket_id: uuid.UUID) -> None:
+    """Publish the endpoint's next ticket (just unmarked) once the current
+    transaction commits; if the broker refuses it, mark it again, so the
+    dispatcher publishes it once the broker is back (``dispatch_owed``
+    leaves an endpoint alone while its oldest ticket is unmarked)."""
+
+    def send() -> None:
+        if not publish_now(RUN_TICKET, [str(ticket_id)]):
+            mark_again([ticket_id])
+
+    transaction.on_commit(send)
 
 
 def mark_needs_dispatch(ticket_id: uuid.UUID) -> None:
@@ -93,7 +107,7 @@ def dispatch_next(*, endpoint_id: int) -> None:
             cur.execute(_NEXT_SQL, {"endpoint_id": endpoint_id})
             waiting = cur.fetchone()[0]
         if waiting is not None:
-            publish(RUN_TICKET, str(waiting))
+            publish_next(waiting)
         return
     waiting = (
         Ticket.objects.filter(
@@ -107,37 +121,54 @@ def dispatch_next(*, endpoint_id: int) -> None:
         wake_dispatcher()
         return
     Ticket.objects.filter(id=waiting).update(needs_dispatch=False)
-    publish(RUN_TICKET, str(waiting))
+    publish_next(waiting)
 
 
-# What the dispatcher owes, in one statement: the lock rows of free, available
-# endpoints with a queued ticket marked as owing a dispatch, locked in
-# endpoint order (FOR UPDATE waits out a start or a release in flight, then
-# re-checks the row: a lock taken meanwhile drops out); for each, its oldest
-# marked ticket (skipping one a cancel holds), unmarked only if still marked
-# and queued (found by key: joined to pick, the planner scanned every queued
-# ticket). One message per free endpoint: the release of the turn it starts
-# publishes the next marked ticket.
+# What the dispatcher owes, in one statement. An endpoint is owed a message
+# when its lock is free, it is available, and its *oldest* queued ticket is
+# marked: a start always takes the oldest queued ticket (FIFO), so an oldest
+# ticket without the mark has its message in flight, and that message will
+# start it (publishing another only makes a message that bounces: the race
+# between a finish's publish and this pass cost 0.2-0.4 extra messages per
+# ticket under load, bench/README.md round 5).
+#
+# - waiting: the endpoints with a queued ticket, one probe of
+#   ticket_queued_idx each (a loose index scan): O(endpoints with a queue),
+#   not O(backlog).
+# - free: their lock rows, free and available and oldest ticket marked,
+#   locked in endpoint order (FOR UPDATE waits out a start or a release in
+#   flight, then re-checks the row: a lock taken meanwhile drops out).
+# - pick: that oldest ticket again, locked (skipping one a cancel holds) and
+#   still marked; unmarked only if still marked and queued.
 _OWED_SQL = """
-WITH owed AS (
-    SELECT DISTINCT t.endpoint_id FROM tickets_ticket t
-    WHERE t.state = 'queued' AND t.needs_dispatch
+WITH RECURSIVE waiting AS (
+    (SELECT t.endpoint_id FROM tickets_ticket t WHERE t.state = 'queued'
+     ORDER BY t.endpoint_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.endpoint_id FROM tickets_ticket t
+            WHERE t.state = 'queued' AND t.endpoint_id > w.endpoint_id
+            ORDER BY t.endpoint_id LIMIT 1)
+    FROM waiting w WHERE w.endpoint_id IS NOT NULL
 ),
 free AS (
     SELECT l.endpoint_id FROM endpoints_endpointlock l
     JOIN endpoints_endpoint e ON e.id = l.endpoint_id
-    WHERE l.endpoint_id IN (SELECT endpoint_id FROM owed)
+    WHERE l.endpoint_id IN (SELECT endpoint_id FROM waiting WHERE endpoint_id IS NOT NULL)
       AND l.holder_id IS NULL AND e.state = 'available'
+      AND (SELECT t.needs_dispatch FROM tickets_ticket t
+           WHERE t.endpoint_id = l.endpoint_id AND t.state = 'queued'
+           ORDER BY t.endpoint_id, t.id LIMIT 1)
     ORDER BY l.endpoint_id
     LIMIT %(limit)s
     FOR UPDATE OF l
 ),
 pick AS (
     SELECT p.id FROM free CROSS JOIN LATERAL (
-        SELECT t.id FROM tickets_ticket t
-        WHERE t.endpoint_id = free.endpoint_id AND t.state = 'queued' AND t.needs_dispatch
-        ORDER BY t.id LIMIT 1
+        SELECT t.id, t.needs_dispatch FROM tickets_ticket t
+        WHERE t.endpoint_id = free.endpoint_id AND t.state = 'queued'
+        ORDER BY t.endpoint_id, t.id LIMIT 1
         FOR UPDATE OF t SKIP LOCKED) p
+    WHERE p.needs_dispatch
 )
 UPDATE tickets_ticket t SET needs_dispatch = false
 WHERE t.id = ANY(ARRAY(SELECT id FROM pick)) AND t.state = 'queued' AND t.needs_dispatch
@@ -146,10 +177,12 @@ RETURNING t.id
 
 
 def dispatch_owed(*, limit: int | None = None) -> list[uuid.UUID]:
-    """The dispatcher's pass: unmark, in one statement, the oldest owed ticket
-    of every free endpoint, then publish them in one batch (after the commit:
-    no I/O under a lock). A crash between the two leaves a queued ticket with
-    neither mark nor message: the lost-dispatch sweep publishes it."""
+    """The dispatcher's pass: unmark, in one statement, the oldest queued
+    ticket of every free endpoint where that ticket is marked, then publish
+    them in one batch (after the commit: no I/O under a lock). A publish that
+    fails marks its tickets again, so the next pass retries them; a crash
+    between the two leaves a queued ticket with neither mark nor message: the
+    lost-dispatch sweep publishes it."""
     limit = limit or settings.DISPATCHER_BATCH
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:  # one statement: atomic in autocommit
@@ -158,8 +191,21 @@ def dispatch_owed(*, limit: int | None = None) -> list[uuid.UUID]:
     else:
         ids = _dispatch_owed_orm(limit)
     if ids:
-        publish_now(RUN_TICKET, [str(i) for i in ids])
+        sent = publish_now(RUN_TICKET, [str(i) for i in ids])
+        if sent < len(ids):
+            mark_again(ids[sent:])
     return ids
+
+
+def mark_again(ids: list[uuid.UUID]) -> None:
+    """Their messages were not sent (the broker is down): mark them as owing
+    a dispatch again, so a later pass publishes them and, meanwhile, no pass
+    takes them for tickets with a message in flight. If the database is
+    unreachable too, the lost-dispatch sweep is left."""
+    try:
+        Ticket.objects.filter(id__in=ids, state=TicketState.QUEUED).update(needs_dispatch=True)
+    except TRANSIENT_DB_ERRORS:
+        log.exception("could not mark %d unsent ticket(s) again; the sweep will", len(ids))
 
 
 def _dispatch_owed_orm(limit: int) -> list[uuid.UUID]:
@@ -167,29 +213,33 @@ def _dispatch_owed_orm(limit: int) -> list[uuid.UUID]:
     database (so the lock rows need no row locks)."""
     ids: list[uuid.UUID] = []
     with transaction.atomic():
-        owed = (
-            Ticket.objects.filter(state=TicketState.QUEUED, needs_dispatch=True)
+        waiting = (
+            Ticket.objects.filter(state=TicketState.QUEUED)
             .values_list("endpoint_id", flat=True)
             .distinct()
         )
         free = EndpointLock.objects.filter(
-            endpoint_id__in=list(owed),
+            endpoint_id__in=list(waiting),
             holder__isnull=True,
             endpoint__state=EndpointState.AVAILABLE,
-        ).values_list("endpoint_id", flat=True)[:limit]
+        ).values_list("endpoint_id", flat=True)
         for endpoint_id in free:
             oldest = (
-                Ticket.objects.filter(
-                    endpoint_id=endpoint_id, state=TicketState.QUEUED, needs_dispatch=True
-                )
+                Ticket.objects.filter(endpoint_id=endpoint_id, state=TicketState.QUEUED)
                 .order_by("id")
-                .values_list("id", flat=True)
+                .values_list("id", "needs_dispatch")
                 .first()
             )
-            if oldest and Ticket.objects.filter(
-                id=oldest, state=TicketState.QUEUED, needs_dispatch=True
-            ).update(needs_dispatch=False):
-                ids.append(oldest)
+            if (
+                oldest
+                and oldest[1]
+                and Ticket.objects.filter(
+                    id=oldest[0], state=TicketState.QUEUED, needs_dispatch=True
+                ).update(needs_dispatch=False)
+            ):
+                ids.append(oldest[0])
+                if len(ids) >= limit:
+                    break
     return ids
 
 

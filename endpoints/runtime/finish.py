@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from config import observe
 from config.canonical import canonical_json
-from config.dispatch import DELIVER, RUN_TICKET, publish
+from config.dispatch import DELIVER, publish
 from config.errors import DomainError, StaleTurn
 from tickets import lifecycle
 from tickets.ids import new_id
@@ -34,7 +34,7 @@ from ..models import (
 )
 from ..runners import Outcome
 from . import fastpath
-from .dispatch import redispatch_if_free, release_lock
+from .dispatch import publish_next, redispatch_if_free, release_lock
 from .evidence import record_stale
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ def _finish_fast(
         fields={},
     )
     if next_ticket is not None:
-        publish(RUN_TICKET, str(next_ticket))
+        publish_next(next_ticket)
     if due:
         publish(DELIVER, str(delivery_id))
     return to

@@ -380,3 +380,25 @@ def test_a_start_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint):
     )
     big = [(node, n) for node, n in rows if n > 5]
     assert not big, big
+
+
+def test_a_dispatcher_pass_reads_a_handful_of_rows_whatever_the_backlog(
+    make_endpoint, owner_cursor
+):
+    """The pass used to collect the endpoints owed a message with a DISTINCT
+    over every marked queued ticket: O(backlog) on every admission's
+    wake-up. It now probes ticket_queued_idx once per endpoint with a queue
+    (a loose index scan) and reads each free endpoint's oldest ticket."""
+    from endpoints.runtime import dispatch
+
+    make_endpoint("history2")
+    for i in range(60):  # a ledger with history, as in production
+        runtime.run_ticket(ticket_id=admit_ticket(endpoint="history2", input={"i": i}).ticket.id)
+    make_endpoint("deep")
+    make_endpoint("shallow")
+    admit_ticket(endpoint="shallow", input={})
+    for i in range(300):
+        admit_ticket(endpoint="deep", input={"i": i})
+    owner_cursor.execute("ANALYZE tickets_ticket")  # the application role may not
+    rows = _plan_rows(dispatch._OWED_SQL, {"limit": 100})
+    assert max(n for _, n in rows) <= 10, [r for r in rows if r[1] > 10]
