@@ -111,7 +111,8 @@ def recreate_database() -> None:
 
 def seed_ledger(endpoint_id: int, tickets: int = SEED_TICKETS) -> None:
     """Give the ledger history before anything is measured: ``tickets``
-    finished tickets (one event each) on ``endpoint_id``, then ANALYZE.
+    finished tickets (one event, a turn and a context entry each) on
+    ``endpoint_id``, then VACUUM ANALYZE.
 
     On an empty, never analysed table the planner's estimates are those of a
     tiny table, and they go stale as the benchmark inserts: a statement
@@ -149,7 +150,42 @@ def seed_ledger(endpoint_id: int, tickets: int = SEED_TICKETS) -> None:
             """,
             {"endpoint": endpoint_id},
         )
-        conn.execute("ANALYZE")
+        # Their turns and context entries: every turn's statements check
+        # foreign keys to endpoints_turn, and PostgreSQL keeps the plan of
+        # such a check for the life of the connection. Planned on an empty
+        # turn table it is a sequential scan, which the workers' long-lived
+        # connections (CELERY_DB_REUSE_MAX) then ran over every turn of the
+        # run: 5.8 ms per check after 1,000 turns (bench/README.md, round 5).
+        conn.execute(
+            """
+            INSERT INTO endpoints_turn (
+                id, endpoint_id, ticket_id, seq, state, runner_kind, celery_task_id, worker,
+                started_at, heartbeat_at, deadline_at, interrupt_reason, ended_at, token_sha256)
+            SELECT gen_random_uuid(), endpoint_id, id,
+                row_number() OVER (ORDER BY id), 'completed', 'python', '', '{}'::jsonb,
+                created_at, created_at, created_at + interval '1 hour', '', created_at, ''
+            FROM tickets_ticket WHERE endpoint_id = %(endpoint)s
+            """,
+            {"endpoint": endpoint_id},
+        )
+        conn.execute(
+            """
+            INSERT INTO endpoints_contextentry (
+                endpoint_id, turn_id, ticket_id, seq, input, result, artifacts, created_at)
+            SELECT u.endpoint_id, u.id, u.ticket_id, u.seq, t.input, t.result, '[]'::jsonb,
+                u.ended_at
+            FROM endpoints_turn u JOIN tickets_ticket t ON t.id = u.ticket_id
+            WHERE u.endpoint_id = %(endpoint)s
+            """,
+            {"endpoint": endpoint_id},
+        )
+        conn.execute(
+            "UPDATE endpoints_endpoint SET turn_seq = "
+            "(SELECT max(seq) FROM endpoints_turn WHERE endpoint_id = %(endpoint)s) "
+            "WHERE id = %(endpoint)s",
+            {"endpoint": endpoint_id},
+        )
+        conn.execute("VACUUM ANALYZE")
 
 
 def drop_database() -> None:

@@ -82,7 +82,8 @@ WITH w AS (
     ORDER BY t.id LIMIT 1
 ),
 u AS (
-    UPDATE tickets_ticket t SET needs_dispatch = false FROM w WHERE t.id = w.id RETURNING t.id
+    UPDATE tickets_ticket t SET needs_dispatch = false
+    WHERE t.id = (SELECT id FROM w) RETURNING t.id
 ),
 n AS (
     SELECT pg_notify('claimcheck_dispatch', '') FROM (SELECT 1) one

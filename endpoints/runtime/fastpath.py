@@ -301,8 +301,8 @@ dl AS (
 tu AS (
     UPDATE tickets_ticket t
     SET state = %(to)s, updated_at = %(now)s, finished_at = %(now)s, version = t.version + 2,
-        delivery_state = d.state, {{sets}}
-    FROM tn u, d WHERE t.id = u.ticket_id AND t.state = '{_R}'
+        delivery_state = (SELECT state FROM d), {{sets}}
+    WHERE t.id = (SELECT ticket_id FROM tn) AND t.state = '{_R}'
     RETURNING t.id
 ),
 ev AS (
@@ -326,8 +326,8 @@ w AS (
     ORDER BY t.id LIMIT 1
 ),
 nx AS (
-    UPDATE tickets_ticket t SET needs_dispatch = false FROM w
-    WHERE t.id = w.id AND t.state = '{_Q}' AND t.needs_dispatch RETURNING t.id
+    UPDATE tickets_ticket t SET needs_dispatch = false
+    WHERE t.id = (SELECT id FROM w) AND t.state = '{_Q}' AND t.needs_dispatch RETURNING t.id
 ),
 -- Nothing unmarked (a mark another start wrote while this statement waited
 -- for the lock row is not in its snapshot): the dispatcher looks again.
