@@ -190,6 +190,13 @@ class Ticket(models.Model):
                 name="ticket_obligation_open_idx",
                 condition=Q(obligation_state="open"),
             ),
+            # The callbacks a target refused earlier, for their retry sweep
+            # (tickets.callbacks): a handful of rows, whatever the ledger.
+            models.Index(
+                fields=["id"],
+                name="ticket_callback_pending_idx",
+                condition=Q(callback_state="pending"),
+            ),
         ]
 
     def __str__(self) -> str:

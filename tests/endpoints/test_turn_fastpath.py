@@ -419,7 +419,7 @@ def test_a_dispatcher_pass_reads_a_handful_of_rows_whatever_the_backlog(
     (a loose index scan) and reads each free endpoint's oldest ticket."""
     from endpoints.runtime import dispatch
 
-    make_endpoint("history2")
+    make_endpoint("history2", isolation="inline")  # no fork per history turn
     for i in range(60):  # a ledger with history, as in production
         runtime.run_ticket(ticket_id=admit_ticket(endpoint="history2", input={"i": i}).ticket.id)
     make_endpoint("deep")
@@ -444,7 +444,7 @@ def test_a_finish_reads_a_handful_of_rows_whatever_the_backlog(
     worker's prepared statement settles on."""
     from endpoints.runtime import fastpath
 
-    make_endpoint("history3")
+    make_endpoint("history3", isolation="inline")  # no fork per history turn
     for i in range(60):  # a ledger with history, as in production
         runtime.run_ticket(ticket_id=admit_ticket(endpoint="history3", input={"i": i}).ticket.id)
     owner_cursor.execute("ANALYZE tickets_ticket")  # statistics taken with nothing queued
