@@ -179,6 +179,13 @@ def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
     assert r.status_code == 200, r.text
     ticket = api.post("/tickets", json={"endpoint": "demo.sleep", "input": {"seconds": 3}}).json()
     wait_for(lambda: _ticket_state(api, ticket["id"]) == "running", message="the turn to start")
+    # The runner itself must be running when the database stops: between the
+    # start and the fork the supervisor reads the endpoint's history, and a
+    # read that meets the outage waits it out (the runner would then start
+    # after it, and no finish would meet it).
+    wait_for(
+        lambda: b"runs in process" in procs.log("turns"), message="the runner's process to start"
+    )
 
     stack.pg.stop()  # "terminating connection due to administrator command"
     outage = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 import uuid
@@ -181,6 +182,12 @@ class _HeartbeatThread(threading.Thread):
                 self._cond.notify()  # close the connection now, not at the next wake
 
     def run(self) -> None:
+        # Process-directed signals (the worker's SIGTERM) must reach the main
+        # thread: an idle pool process waits for its next job in the pool's
+        # queue lock, and only a signal delivered to the main thread wakes
+        # that wait. Delivered here, it would leave the process stuck at a
+        # warm shutdown (seen under load on the embedded broker).
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         while True:
             with self._cond:
                 now = time.monotonic()

@@ -103,3 +103,27 @@ def test_an_interrupt_reaches_the_runner_through_the_shared_thread(make_endpoint
         assert interrupt.wait(5), "the heartbeat thread raised the runner's interrupt flag"
     finally:
         beater.stop()
+
+
+def test_the_heartbeat_thread_leaves_process_signals_to_the_main_thread():
+    """An idle pool process waits in the pool's queue lock; a SIGTERM the
+    kernel handed to the heartbeat thread instead would not wake it, and the
+    worker's warm shutdown would hang (tests/test_embedded.py, under load)."""
+    import signal
+    from pathlib import Path
+
+    thread = heartbeats._thread()
+    status = Path(f"/proc/self/task/{thread.native_id}/status")
+    wait_for(
+        lambda: (
+            int(
+                next(
+                    line for line in status.read_text().splitlines() if line.startswith("SigBlk:")
+                ).split()[1],
+                16,
+            )
+            & (1 << (signal.SIGTERM - 1))
+        ),
+        timeout=5,
+        message="SIGTERM blocked in the heartbeat thread",
+    )
