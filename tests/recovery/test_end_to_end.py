@@ -17,8 +17,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 def test_stuck_turn_is_quarantined_then_rerun_by_its_owner(
     worker, make_endpoint, api, owner_api, owner
 ):
-    # demo.stuck sleeps and ignores interrupts. 8 s is well past budget plus
-    # grace plus two sweeps, and short enough to free the worker quickly.
+    # demo.stuck sleeps and ignores interrupts. 12 s is well past budget plus
+    # grace plus two sweeps, also on a loaded machine (at 8 s the turn once
+    # returned, and proved its stop, before the test saw the quarantine), and
+    # short enough to free the worker quickly.
     make_endpoint(
         "rec.stuck",
         path="endpoints.demo.stuck",
@@ -27,7 +29,7 @@ def test_stuck_turn_is_quarantined_then_rerun_by_its_owner(
         interrupt_grace_s=1,
     )
     created = api.post(
-        "/tickets", {"endpoint": "rec.stuck", "input": {"seconds": 8}, "dedupe_key": "e2e"}
+        "/tickets", {"endpoint": "rec.stuck", "input": {"seconds": 12}, "dedupe_key": "e2e"}
     )
     assert created.status_code == 201, created.content
     original_id = created.json()["id"]
@@ -88,7 +90,7 @@ def test_stuck_turn_is_quarantined_then_rerun_by_its_owner(
         interval=0.2,
         message="the re-run to be dispatched and succeed",
     )
-    assert rerun["result"] == {"slept_s": 8.0}
+    assert rerun["result"] == {"slept_s": 12.0}
     assert rerun["parent"] == original_id and rerun["depth"] == 1
     assert rerun["dedupe_key"] == "e2e:rerun:1"
     assert rerun["turn"]["seq"] == 2
