@@ -357,6 +357,14 @@ def _plan_rows(
     return out
 
 
+def _ledger_with_history(make_endpoint, address: str, turns: int = 60) -> None:
+    """Finished tickets on an endpoint of their own: a ledger with history,
+    as in production (the plan tests' statistics then see more than a queue)."""
+    make_endpoint(address, isolation="inline")  # no fork per history turn
+    for i in range(turns):
+        runtime.run_ticket(ticket_id=admit_ticket(endpoint=address, input={"i": i}).ticket.id)
+
+
 def test_a_start_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint, owner_cursor):
     """Found by the benchmark (auto_explain): the start statement joined the
     ticket update to the new turn, and the planner, whose statistics showed
@@ -373,17 +381,7 @@ def test_a_start_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint, own
 
     from endpoints.runtime import fastpath
 
-    make_endpoint("history")
-    for i in range(60):  # a ledger with history, as in production
-        ticket = admit_ticket(endpoint="history", input={"i": i}).ticket
-        started = runtime.start_turn(ticket_id=ticket.id)
-        runtime.finish_turn(
-            turn_id=started.turn.id,
-            seq=started.turn.seq,
-            outcome=Outcome.success({}),
-            source="worker",
-            turn=started.turn,
-        )
+    _ledger_with_history(make_endpoint, "history")
     make_endpoint("backlog")
     first = admit_ticket(endpoint="backlog", input={"i": -1}).ticket
     # Statistics taken while one ticket waits (as the owner: the application
@@ -419,9 +417,7 @@ def test_a_dispatcher_pass_reads_a_handful_of_rows_whatever_the_backlog(
     (a loose index scan) and reads each free endpoint's oldest ticket."""
     from endpoints.runtime import dispatch
 
-    make_endpoint("history2", isolation="inline")  # no fork per history turn
-    for i in range(60):  # a ledger with history, as in production
-        runtime.run_ticket(ticket_id=admit_ticket(endpoint="history2", input={"i": i}).ticket.id)
+    _ledger_with_history(make_endpoint, "history2")
     make_endpoint("deep")
     make_endpoint("shallow")
     admit_ticket(endpoint="shallow", input={})
@@ -444,9 +440,7 @@ def test_a_finish_reads_a_handful_of_rows_whatever_the_backlog(
     worker's prepared statement settles on."""
     from endpoints.runtime import fastpath
 
-    make_endpoint("history3", isolation="inline")  # no fork per history turn
-    for i in range(60):  # a ledger with history, as in production
-        runtime.run_ticket(ticket_id=admit_ticket(endpoint="history3", input={"i": i}).ticket.id)
+    _ledger_with_history(make_endpoint, "history3")
     owner_cursor.execute("ANALYZE tickets_ticket")  # statistics taken with nothing queued
     make_endpoint("backlog2")
     first = admit_ticket(endpoint="backlog2", input={"i": -1}).ticket
