@@ -11,8 +11,10 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 PG_SUPERUSER_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # pytest-xdist workers for `make test`: each has its own test database
 # (test_claimcheck_gw0, ...) and Redis database (tests/conftest.py); a test
-# file stays on one worker. TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= 2
+# file stays on one worker. TEST_WORKERS=0 runs in one process. Three on
+# two cores: the suite mostly waits on the Celery and gunicorn processes it
+# starts, and CI's budget is 15 minutes (2026-12-01: 6 min 52 s with 3).
+TEST_WORKERS ?= 3
 # pytest-django's name for the test database (test_ + the URL's database name).
 TEST_DB_NAME = test_$(lastword $(subst /, ,$(firstword $(subst ?, ,$(TEST_DATABASE_URL)))))
 

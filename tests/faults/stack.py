@@ -451,6 +451,10 @@ class Response:
     at: float  # monotonic, when sent
     elapsed: float
     snippet: str = ""
+    # Transport errors before this answer, each retried with the same dedupe
+    # key as a client would (gunicorn's gthread worker can reset a keep-alive
+    # connection it is closing just as the client reuses it: benoitc/gunicorn#1698).
+    retried: tuple[str, ...] = ()
 
 
 @dataclass
@@ -465,6 +469,8 @@ class Load:
     pause_s: float = 0.25
     timeout_s: float = 20.0
     prefix: str = "load"
+    # Same-key retries of a request that met a transport error (not a timeout).
+    transport_retries: int = 2
 
     def __post_init__(self) -> None:
         self.results: list[Response] = []
@@ -482,22 +488,32 @@ class Load:
         key = f"{self.prefix}-{i}"
         endpoint = self.endpoints[i % len(self.endpoints)]
         body = {"endpoint": endpoint, "input": self.input, "dedupe_key": key}
-        t0 = time.monotonic()
-        try:
-            resp = client.post("/api/v1/tickets", json=body)
-        except httpx.TimeoutException:
-            return Response(key, endpoint, "timeout", None, None, False, t0, time.monotonic() - t0)
-        except httpx.HTTPError as exc:
-            return Response(
-                key, endpoint, "error", None, None, False, t0, time.monotonic() - t0, repr(exc)
-            )
+        retried: list[str] = []
+        while True:
+            t0 = time.monotonic()
+            try:
+                resp = client.post("/api/v1/tickets", json=body)
+            except httpx.TimeoutException:
+                return Response(
+                    key, endpoint, "timeout", None, None, False, t0, time.monotonic() - t0,
+                    retried=tuple(retried),
+                )  # fmt: skip
+            except httpx.HTTPError as exc:
+                if len(retried) < self.transport_retries:
+                    retried.append(repr(exc))
+                    continue
+                return Response(
+                    key, endpoint, "error", None, None, False, t0, time.monotonic() - t0,
+                    repr(exc), tuple(retried),
+                )  # fmt: skip
+            break
         elapsed = time.monotonic() - t0
         is_json = resp.headers.get("content-type", "").startswith("application/json")
         data = resp.json() if is_json else {}
         ticket = data.get("id") if resp.status_code in (200, 201) else None
         return Response(
             key, endpoint, resp.status_code, ticket, data.get("error"), is_json, t0, elapsed,
-            "" if is_json else resp.text[:300],
+            "" if is_json else resp.text[:300], tuple(retried),
         )  # fmt: skip
 
     def _run(self) -> None:
@@ -562,6 +578,9 @@ def figures(
             "max_latency_s": round(max((r.elapsed for r in load.results), default=0), 2),
         }
         out["responses"] = dict(sorted(load.statuses().items()))
+        retried = [e for r in load.results for e in r.retried]
+        if retried:
+            out["transport_errors_retried"] = {"count": len(retried), "first": retried[0]}
     out.update(
         acknowledged=len(acknowledged),
         existing=len(states),
