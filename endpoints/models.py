@@ -256,8 +256,18 @@ class WorkerSlot(models.Model):
         Worker, on_delete=models.CASCADE, related_name="slots", db_index=False
     )
     pid = models.IntegerField()
+    # Rewritten at every start and finish: no foreign key to check and no
+    # index to update each time (the table holds one row per pool process,
+    # so a lookup by turn reads a handful of rows). A slot may name a turn
+    # that retention deleted since: its readers join it outer.
     turn = models.ForeignKey(
-        Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        Turn,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
     )
     since = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()

@@ -170,6 +170,67 @@ def test_no_index_is_a_prefix_of_another_on_the_same_table():
     assert not redundant, redundant
 
 
+# Nullable columns of the ledger set on (nearly) every row that has run: a
+# full index of them holds few NULL entries.
+_MOSTLY_SET = {("tickets_ticket", "turn_id"), ("tickets_ticket", "submitted_by_id")}
+
+
+@pytest.mark.django_db
+def test_an_index_of_a_rarely_set_ledger_column_holds_only_the_rows_that_set_it():
+    """Bytes per ticket (issue 12): a plain index led by a nullable column of
+    the ticket or event table holds an entry for every row, NULL or not; for
+    a reference most tickets leave empty (parent, re-run, approver, ...) that
+    is an entry per ticket for nothing. Such an index is partial (``WHERE …
+    IS NOT NULL``), which still serves every lookup and foreign-key check by
+    value; ``_MOSTLY_SET`` names the nullable columns most rows do set."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT c.relname, i.relname, a.attname
+            FROM pg_index x
+            JOIN pg_class i ON i.oid = x.indexrelid
+            JOIN pg_class c ON c.oid = x.indrelid
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = x.indkey[0]
+            WHERE n.nspname = current_schema()
+              AND c.relname IN ('tickets_ticket', 'tickets_ticketevent')
+              AND NOT a.attnotnull AND x.indpred IS NULL AND NOT x.indisunique
+            """
+        )
+        full = [(table, index, column) for table, index, column in cur.fetchall()]
+    assert full, "the query should see the ledger's full indexes of nullable columns"
+    assert {(t, c) for t, _, c in full} <= _MOSTLY_SET, [
+        f"{t}.{i} ({c})" for t, i, c in full if (t, c) not in _MOSTLY_SET
+    ]
+
+
+@pytest.mark.django_db
+def test_an_event_names_its_turn_without_a_foreign_key_or_an_index():
+    """The event's turn is informational (the statement that writes it holds
+    the turn): a foreign key cost a check on every turn event, and its index
+    an entry per event, mostly NULL (tickets migration 0011). The event's
+    ticket keeps both."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT a.attname, count(DISTINCT k.oid), count(DISTINCT x.indexrelid)
+            FROM pg_attribute a
+            LEFT JOIN pg_constraint k ON k.conrelid = a.attrelid AND k.contype = 'f'
+                AND k.conkey = ARRAY[a.attnum]
+            LEFT JOIN pg_index x ON x.indrelid = a.attrelid AND x.indkey[0] = a.attnum
+            WHERE a.attrelid = 'tickets_ticketevent'::regclass
+              AND a.attname IN ('turn_id', 'ticket_id')
+            GROUP BY a.attname
+            """
+        )
+        found = {name: (fks, indexes) for name, fks, indexes in cur.fetchall()}
+    assert found == {"ticket_id": (1, 1), "turn_id": (0, 0)}
+
+
 def _index_columns(keys: str) -> list[tuple[str, str]]:
     """(column number, operator class) of each column of an index."""
     columns, classes = keys.split("/")

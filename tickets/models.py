@@ -88,8 +88,15 @@ class Ticket(models.Model):
     dedupe_key = models.CharField(max_length=limits.DEDUPE_KEY_CHARS, null=True, blank=True)
     input_sha256 = models.CharField(max_length=64)
     input = models.JSONField()
+    # The rarely-set references below have partial indexes (Meta.indexes):
+    # an index of every ticket would hold a NULL entry for nearly all of them.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="children",
+        db_index=False,
     )
     trace_id = models.CharField(max_length=limits.TRACE_ID_CHARS)
     depth = models.PositiveIntegerField(default=0)
@@ -103,7 +110,12 @@ class Ticket(models.Model):
     )
     # A waiting ticket completed by a callback's turn is attributed to that turn.
     completed_by_turn = models.ForeignKey(
-        "endpoints.Turn", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "endpoints.Turn",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
     )
     return_to = models.ForeignKey(
         "endpoints.Endpoint",
@@ -111,12 +123,18 @@ class Ticket(models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
+        db_index=False,
     )
     continuation = models.JSONField(null=True, blank=True)
     # For a re-run authorised by a recovery decision: the ticket it replaces.
     # The re-run carries the requester's obligation and delivery.
     rerun_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reruns"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="reruns",
+        db_index=False,
     )
     # For a callback ticket: the ticket whose completion it reports.
     callback_for = models.OneToOneField(
@@ -141,7 +159,12 @@ class Ticket(models.Model):
     )
     approved_at = models.DateTimeField(null=True, blank=True)
     approved_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
     )
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     # A queued ticket with no dispatch message in flight: its message found
@@ -197,6 +220,15 @@ class Ticket(models.Model):
                 name="ticket_callback_pending_idx",
                 condition=Q(callback_state="pending"),
             ),
+            # The rarely-set references: only the tickets that have one.
+            *[
+                models.Index(
+                    fields=[field],
+                    name=f"ticket_{field}_idx",
+                    condition=Q(**{f"{field}__isnull": False}),
+                )
+                for field in ("parent", "rerun_of", "return_to", "completed_by_turn", "approved_by")
+            ],
         ]
 
     def __str__(self) -> str:
@@ -210,27 +242,30 @@ class Ticket(models.Model):
 class TicketEvent(models.Model):
     """Append-only: the database refuses UPDATE and DELETE (see migrations)."""
 
-    # No index of its own: event_ticket_idx (ticket, id) leads with it.
-    ticket = models.ForeignKey(
-        Ticket,
-        on_delete=models.DO_NOTHING,
-        related_name="events",
-        db_constraint=True,
-        db_index=False,
-    )
+    # One index entry per event, deduplicated into one posting list per
+    # ticket; a ticket's handful of events are sorted by id after the lookup.
+    ticket = models.ForeignKey(Ticket, on_delete=models.DO_NOTHING, related_name="events")
     kind = models.CharField(max_length=64)
     from_state = models.CharField(max_length=16, blank=True, default="")
     to_state = models.CharField(max_length=16, blank=True, default="")
     actor = models.CharField(max_length=200, blank=True, default="")
+    # Informational: the statement that writes the event holds the turn. No
+    # foreign key (a check on every turn event) and no index (nothing looks
+    # events up by turn): tickets migration 0011.
     turn = models.ForeignKey(
-        "endpoints.Turn", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+"
+        "endpoints.Turn",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
     )
     detail = models.JSONField(default=dict, blank=True)
     at = models.DateTimeField()
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["ticket", "id"], name="event_ticket_idx")]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.from_state}->{self.to_state}"

@@ -311,13 +311,17 @@ def find_tickets(
                     high = uuid.UUID(bare.ljust(32, "f"))
                     branches.append(base.filter(id__gte=low, id__lte=high))
                 if connection.vendor == "postgresql":
-                    # A tail: reverse(id::text) LIKE 'liat%' on ticket_id_tail_idx
-                    # (console migration 0002). Typed with its dashes or without.
-                    tail = fragment if "-" in fragment else _dashed_tail(fragment)
+                    # A tail, typed with its dashes or without: ticket_id_tail_idx
+                    # (console migration 0003) holds the reversed last group (12
+                    # characters); the whole tail is checked on what it finds.
+                    liat = (fragment if "-" in fragment else _dashed_tail(fragment))[::-1]
                     branches.append(
-                        base.extra(  # noqa: S610 - a parameter, not SQL text
-                            where=["reverse(tickets_ticket.id::text) LIKE %s"],
-                            params=[tail[::-1] + "%"],
+                        base.extra(  # noqa: S610 - parameters, not SQL text
+                            where=[
+                                "reverse(right(tickets_ticket.id::text, 12)) LIKE %s",
+                                "reverse(tickets_ticket.id::text) LIKE %s",
+                            ],
+                            params=[liat[:12] + "%", liat + "%"],
                         )
                     )
                 else:  # SQLite keeps a uuid as 32 hex characters: a scan, but small

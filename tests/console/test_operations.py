@@ -37,6 +37,29 @@ def test_search_by_id_head_tail_dedupe_key_and_trace(client):
     assert "No tickets match." in rows(client.get("/tickets/", {"q": "deadbeef"}))
 
 
+def test_a_search_by_tail_reads_the_id_tail_index():
+    """The tail's query narrows on the expression ticket_id_tail_idx holds
+    (console migration 0003: the id's reversed last group); were the two
+    to drift apart, every tail search would read the whole ledger."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from tickets.selectors import find_tickets
+
+    world = World()
+    root = world.ticket()
+    for tail in (str(root.id)[-8:], str(root.id)[-17:]):
+        with CaptureQueriesContext(connection) as queries:
+            found, _ = find_tickets(user=world.users["owner"], q=tail)
+        assert [t.id for t in found] == [root.id]
+        (sql,) = [q["sql"] for q in queries.captured_queries if "reverse(" in q["sql"]]
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SET LOCAL enable_seqscan = off")
+            cur.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cur.fetchall())
+        assert "ticket_id_tail_idx" in plan, plan
+
+
 def test_a_stranger_finds_nothing_by_search(client):
     world = World()
     root = world.ticket()
