@@ -12,9 +12,10 @@ after the other: both see the same background load and the growth ratio holds.
 
 The ledger is seeded by SQL (``INSERT ... SELECT ... FROM generate_series``,
 in batches of 100,000), shaped like what the pipeline writes (see
-``bench/README.md``): per ticket its row, its events (5 for a finished
-ticket: admitted, turn_started, turn_completed or turn_failed,
-delivery_opened, delivered or delivery_acknowledged), its turn, its context
+``bench/README.md``): per ticket its row, its events (4 for a finished
+ticket: admitted, turn_started, turn_completed or turn_failed with the
+outcome's digest and the delivery it opened, delivered or
+delivery_acknowledged), its turn, its context
 entry, its delivery (and the webhook's attempt) and its trace row; ids are
 UUIDv7 of the creation time, as ``tickets.ids.new_id`` makes them. Of every
 100 tickets 4 failed and 1 was cancelled; half deliver by webhook; 1 in 200
@@ -124,7 +125,10 @@ SELECT g, created, state, webhook, unacked, endpoint_id, user_id,
         'text', 'Summarise the open items for team ' || (g %% 50)
                 || ' and draft the weekly brief for their channel.',
         'options', jsonb_build_object('tone', 'plain', 'max_words', 300)) AS input,
-    %(seq_base)s::bigint - g AS seq
+    %(seq_base)s::bigint - g AS seq,
+    jsonb_build_object('delivery_opened', jsonb_build_object(
+        'delivery', bench_uuid7(created + interval '300 ms', %(tag)s || 'd' || g),
+        'mode', CASE WHEN webhook THEN 'webhook' ELSE 'pull' END, 'state', 'pending')) AS opened
 FROM (
     SELECT g, created, webhook,
         CASE WHEN g <= %(queued)s THEN 'queued'
@@ -226,16 +230,16 @@ INSERTS = [
             'worker:worker-1:4242',
             jsonb_build_object('seq', s.seq, 'deadline_at', s.created + interval '300 s'),
             s.created + interval '100 ms', s.turn_id),
+        -- The terminal event records the outcome's digest (a repeated finish
+        -- recognises itself by it) and the delivery it opened.
         (3, s.state IN ('succeeded', 'failed'),
             CASE WHEN s.state = 'succeeded' THEN 'turn_completed' ELSE 'turn_failed' END,
-            'running', s.state, 'turn:' || s.seq || ':worker', '{}'::jsonb,
+            'running', s.state, 'turn:' || s.seq || ':worker',
+            jsonb_build_object('outcome_sha256', md5(s.id::text) || md5(s.turn_id::text))
+                || s.opened,
             s.created + interval '190 ms', s.turn_id),
         (3, s.state = 'cancelled', 'cancelled', 'queued', 'cancelled', 'user:bench-staff',
-            '{}'::jsonb, s.created + interval '150 ms', NULL::uuid),
-        (4, s.state <> 'queued', 'delivery_opened', '', '', 'delivery',
-            jsonb_build_object('delivery', s.delivery_id,
-                'mode', CASE WHEN s.webhook THEN 'webhook' ELSE 'pull' END, 'state', 'pending'),
-            s.created + interval '300 ms', NULL::uuid),
+            s.opened, s.created + interval '150 ms', NULL::uuid),
         (5, s.state <> 'queued' AND NOT s.unacked,
             CASE WHEN s.webhook THEN 'delivered' ELSE 'delivery_acknowledged' END, '', '',
             CASE WHEN s.webhook THEN 'delivery' ELSE 'user:bench-staff' END,

@@ -95,6 +95,13 @@ def transition(
             raise InvalidTransition(
                 f"ticket {ticket_id} is {found}; {kind} needs {expected}", state=found
             )
+        terminal = _terminal_context(ticket_id) if to in TERMINAL_STATES else None
+        if terminal is not None:
+            opened = _open_delivery(*terminal)
+            if opened is not None:
+                # One event for the one transaction: the terminal event
+                # records the delivery it opened (issue 12: bytes per ticket).
+                detail = {**(detail or {}), "delivery_opened": opened}
         append_event(
             ticket_id=ticket_id,
             kind=kind,
@@ -107,8 +114,8 @@ def transition(
         observe.transition(  # metrics at commit; a turn's ids for the worker's log lines
             ticket_id=ticket_id, expected=expected, to=to, kind=kind, turn_id=turn_id, fields=fields
         )
-        if to in TERMINAL_STATES:
-            _on_terminal(ticket_id=ticket_id)
+        if terminal is not None:
+            _on_terminal(*terminal)
             waits.notify_terminal(ticket_id)  # wakes wait_s callers at commit
     return expected
 
@@ -127,14 +134,19 @@ def update_fields(*, ticket_id: uuid.UUID, kind: str, actor: str, detail=None, *
         append_event(ticket_id=ticket_id, kind=kind, actor=actor, detail=detail)
 
 
-def _on_terminal(*, ticket_id: uuid.UUID) -> None:
-    """Hooks that must happen in the same transaction as a terminal
-    transition, so they are never lost: the callback to ``return_to`` and the
-    delivery of a root ticket (or of a re-run, which answers its original's
-    requester). An original superseded by a re-run is not delivered: its
-    obligation passes to the re-run. All idempotent."""
-    from . import callbacks, delivery  # noqa: PLC0415 - same app, avoids a cycle
+def set_recorded_fields(*, ticket_id: uuid.UUID, **fields) -> None:
+    """Change non-state fields of a ticket whose change an event of the same
+    transaction records (the terminal event records the delivery it opens)."""
+    if "state" in fields:
+        raise ValueError("set_recorded_fields never writes the work state: use transition()")
+    Ticket.objects.filter(id=ticket_id).update(
+        updated_at=timezone.now(), version=F("version") + 1, **fields
+    )
 
+
+def _terminal_context(ticket_id: uuid.UUID) -> tuple[Ticket, uuid.UUID | None]:
+    """The ticket that just became terminal, and the re-run that supersedes
+    it, if any."""
     ticket = Ticket.objects.select_related("endpoint").get(id=ticket_id)
     # Only an orphaned ticket can have been superseded by a re-run (admitted
     # in the same decision, before this transition).
@@ -143,6 +155,36 @@ def _on_terminal(*, ticket_id: uuid.UUID) -> None:
         if ticket.state == TicketState.ORPHANED
         else None
     )
+    return ticket, rerun
+
+
+def _root_like(ticket: Ticket) -> bool:
+    """A root ticket, or a re-run that carries its original's obligation."""
+    return ticket.parent_id is None or (
+        ticket.rerun_of_id is not None and ticket.obligation_state != ObligationState.NONE
+    )
+
+
+def _open_delivery(ticket: Ticket, rerun: uuid.UUID | None) -> dict[str, str] | None:
+    """The delivery of a root ticket (or of a re-run, which answers its
+    original's requester), opened in the terminal transition's transaction so
+    it is never lost; what the terminal event records of it, or None when it
+    opens none (a child; an original superseded by a re-run, whose
+    obligation passes to the re-run; a delivery already open)."""
+    from . import delivery  # noqa: PLC0415 - same app, avoids a cycle
+
+    if rerun is not None or not _root_like(ticket):
+        return None
+    return delivery.on_root_terminal(ticket=ticket)[1]
+
+
+def _on_terminal(ticket: Ticket, rerun: uuid.UUID | None) -> None:
+    """The other hooks of a terminal transition, in its transaction: the
+    callback to ``return_to``, and the obligation of an original superseded
+    by a re-run, which passes to the re-run. All idempotent."""
+    from . import callbacks  # noqa: PLC0415 - same app, avoids a cycle
+
+    ticket_id = ticket.id
     if ticket.return_to_id is not None and ticket.callback_state == CallbackState.PENDING:
         if rerun is None:
             callbacks.ensure_callback(source_id=ticket_id)
@@ -156,14 +198,7 @@ def _on_terminal(*, ticket_id: uuid.UUID) -> None:
                 detail={"rerun": str(rerun)},
                 callback_state=CallbackState.NONE,
             )
-    root_like = ticket.parent_id is None or (
-        ticket.rerun_of_id is not None and ticket.obligation_state != ObligationState.NONE
-    )
-    if not root_like:
-        return
-    if rerun is None:
-        delivery.on_root_terminal(ticket=ticket)
-    elif ticket.obligation_state == ObligationState.OPEN:
+    if rerun is not None and _root_like(ticket) and ticket.obligation_state == ObligationState.OPEN:
         update_fields(
             ticket_id=ticket_id,
             kind="obligation_passed",

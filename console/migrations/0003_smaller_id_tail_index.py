@@ -11,18 +11,16 @@ non-atomic migration); PostgreSQL only, like 0002."""
 
 from django.db import migrations
 
+from config import concurrent_index
+
 NAME = "ticket_id_tail_idx"
 NEW = "(reverse(right(id::text, 12)) text_pattern_ops)"
 OLD = "(reverse(id::text) text_pattern_ops)"
 
 
 def _swap(schema_editor, spec: str) -> None:
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    run = schema_editor.execute
-    run(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {NAME}_next ON tickets_ticket {spec}")
-    run(f"DROP INDEX CONCURRENTLY IF EXISTS {NAME}")
-    run(f"ALTER INDEX {NAME}_next RENAME TO {NAME}")
+    if schema_editor.connection.vendor == "postgresql":
+        concurrent_index.rebuild(schema_editor, NAME, f"tickets_ticket {spec}")
 
 
 def forward(apps, schema_editor):

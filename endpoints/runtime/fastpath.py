@@ -305,13 +305,15 @@ tu AS (
     WHERE t.id = (SELECT ticket_id FROM tn) AND t.state = '{_R}'
     RETURNING t.id
 ),
+-- One event for the one transaction: the terminal event records the
+-- delivery it opened, in the words of lifecycle.transition's.
 ev AS (
     INSERT INTO tickets_ticketevent (
         ticket_id, kind, from_state, to_state, actor, turn_id, detail, at)
-    SELECT t.id, %(kind)s, '{_R}', %(to)s, %(actor)s, %(turn)s, %(detail)s::jsonb, %(now)s FROM tu t
-    UNION ALL
-    SELECT t.id, 'delivery_opened', '', '', 'delivery', NULL,
-        jsonb_build_object('delivery', dl.id::text, 'mode', dl.mode, 'state', d.state), %(now)s
+    SELECT t.id, %(kind)s, '{_R}', %(to)s, %(actor)s, %(turn)s,
+        %(detail)s::jsonb || jsonb_build_object('delivery_opened', jsonb_build_object(
+            'delivery', dl.id::text, 'mode', dl.mode, 'state', d.state)),
+        %(now)s
     FROM tu t, dl, d
 ),
 rl AS (

@@ -28,7 +28,7 @@ from config.errors import Invalid
 from console.keys import create_api_key
 from endpoints import runtime
 from tests.conftest import purge_broker, queued_tasks, wait_for
-from tickets import delivery, tasks
+from tickets import delivery, lifecycle, tasks
 from tickets.delivery import states as delivery_states
 from tickets.delivery import sweep as delivery_sweep
 from tickets.models import Delivery, DeliveryAttempt, Ticket, TicketEvent
@@ -373,9 +373,35 @@ def test_a_finished_root_opens_one_delivery_and_publishes_its_send(
     # Idempotent: a second call finds the same row, writes and publishes nothing.
     events = kinds(ticket.id)
     with django_capture_on_commit_callbacks(execute=True):
-        assert delivery.on_root_terminal(ticket=ticket).id == d.id
+        assert delivery.on_root_terminal(ticket=ticket) == (d, None)
     assert kinds(ticket.id) == events and len(queued_tasks("control")) == 1
-    assert events.count("delivery_opened") == 1
+    # The terminal event records the delivery it opened: one event for the
+    # one transaction (issue 12), in the same words on both finish paths.
+    terminal = TicketEvent.objects.get(ticket_id=ticket.id, kind="turn_completed")
+    assert terminal.detail["delivery_opened"] == {
+        "delivery": str(d.id),
+        "mode": "webhook",
+        "state": "pending",
+    }
+    assert events == ["admitted", "turn_started", "turn_completed"]
+
+
+def test_a_transition_to_a_terminal_state_records_the_delivery_it_opened(api, make_endpoint):
+    """The general path (a queued ticket cancelled; a turn's finish off the
+    fast path goes the same way) records its delivery in the terminal event,
+    as the finish statement does: no event of its own."""
+    make_endpoint("alpha")
+    ticket_id = admit(api, "alpha")["id"]
+    lifecycle.cancel_ticket(ticket_id=uuid.UUID(ticket_id), actor="test")
+    d = Delivery.objects.get(ticket_id=ticket_id)
+    assert kinds(ticket_id) == ["admitted", "cancelled"]
+    cancelled = TicketEvent.objects.get(ticket_id=ticket_id, kind="cancelled")
+    assert cancelled.detail["delivery_opened"] == {
+        "delivery": str(d.id),
+        "mode": "pull",
+        "state": "pending",
+    }
+    assert Ticket.objects.get(id=ticket_id).delivery_state == "pending"
 
 
 def test_children_have_no_delivery(api, make_endpoint):

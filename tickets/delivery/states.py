@@ -15,7 +15,7 @@ from config import outbound
 from config.dispatch import DELIVER, publish
 from config.errors import Forbidden, InvalidTransition, NotFound
 
-from ..lifecycle import update_fields
+from ..lifecycle import set_recorded_fields, update_fields
 from ..models import Delivery, DeliveryState, ObligationState, Ticket
 from ..ports import endpoint_directory
 
@@ -27,18 +27,20 @@ def validate_webhook_url(url: str) -> None:
     outbound.validate_outbound_url(url, label="webhook")
 
 
-def on_root_terminal(*, ticket: Ticket) -> Delivery:
-    """Open the delivery of a root ticket that just became terminal.
+def on_root_terminal(*, ticket: Ticket) -> tuple[Delivery, dict[str, str] | None]:
+    """Open the delivery of a root ticket that is becoming terminal.
 
-    Runs inside the terminal transition's transaction (``lifecycle._on_terminal``),
+    Runs inside the terminal transition's transaction (``lifecycle.transition``),
     which holds the ticket row: no I/O here (no DNS, no HTTP), only rows and an
-    after-commit publish. Idempotent: the delivery is one-to-one with the
-    ticket, so a second call returns the existing row. The obligation stays
-    open: delivery closes it.
+    after-commit publish. Returns the delivery and what the terminal event
+    records of it (``delivery_opened`` in that event's detail: one event for
+    the one transaction). Idempotent: the delivery is one-to-one with the
+    ticket, so a second call returns the existing row and nothing to record.
+    The obligation stays open: delivery closes it.
     """
     existing = Delivery.objects.filter(ticket_id=ticket.id).first()
     if existing is not None:
-        return existing
+        return existing, None
     now = timezone.now()
     url = (ticket.requester or {}).get("webhook_url") or ""
     mode = Delivery.Mode.WEBHOOK if url else Delivery.Mode.PULL
@@ -57,16 +59,10 @@ def on_root_terminal(*, ticket: Ticket) -> Delivery:
         next_attempt_at=now if due else None,
         created_at=now,
     )
-    update_fields(
-        ticket_id=ticket.id,
-        kind="delivery_opened",
-        actor="delivery",
-        detail={"delivery": str(delivery.id), "mode": mode, "state": state},
-        delivery_state=state,
-    )
+    set_recorded_fields(ticket_id=ticket.id, delivery_state=state)
     if due:
         publish(DELIVER, str(delivery.id))
-    return delivery
+    return delivery, {"delivery": str(delivery.id), "mode": mode, "state": state}
 
 
 def locked_ticket(ticket_id: uuid.UUID) -> Ticket:

@@ -24,6 +24,8 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
+from config import concurrent_index
+
 # The ticket's nullable references: column -> (Django's index, the partial one).
 PARTIAL = {
     "parent_id": ("tickets_ticket_parent_id_09dd967f", "ticket_parent_idx"),
@@ -39,10 +41,6 @@ EVENT_TICKET = "tickets_ticketevent_ticket_id_b572d14b"
 EVENT_TURN = "tickets_ticketevent_turn_id_9363fa4e"
 
 
-def _concurrently(schema_editor) -> str:
-    return "CONCURRENTLY " if schema_editor.connection.vendor == "postgresql" else ""
-
-
 def _event_turn_fk(schema_editor) -> list[str]:
     with schema_editor.connection.cursor() as cur:
         cur.execute(
@@ -54,37 +52,32 @@ def _event_turn_fk(schema_editor) -> list[str]:
 
 
 def forward(apps, schema_editor):
-    c = _concurrently(schema_editor)
-    run = schema_editor.execute
-    run(f"CREATE INDEX {c}IF NOT EXISTS {EVENT_TICKET} ON tickets_ticketevent (ticket_id)")
-    run(f"DROP INDEX {c}IF EXISTS event_ticket_idx")
+    create, drop = concurrent_index.create, concurrent_index.drop
+    create(schema_editor, EVENT_TICKET, "tickets_ticketevent (ticket_id)")
+    drop(schema_editor, "event_ticket_idx")
     if schema_editor.connection.vendor == "postgresql":
         for name in _event_turn_fk(schema_editor):
-            run(f"ALTER TABLE tickets_ticketevent DROP CONSTRAINT {name}")
-    run(f"DROP INDEX {c}IF EXISTS {EVENT_TURN}")
+            schema_editor.execute(f"ALTER TABLE tickets_ticketevent DROP CONSTRAINT {name}")
+    drop(schema_editor, EVENT_TURN)
     for column, (old, new) in PARTIAL.items():
-        run(
-            f"CREATE INDEX {c}IF NOT EXISTS {new} ON tickets_ticket ({column}) "
-            f"WHERE {column} IS NOT NULL"
-        )
-        run(f"DROP INDEX {c}IF EXISTS {old}")
+        create(schema_editor, new, f"tickets_ticket ({column}) WHERE {column} IS NOT NULL")
+        drop(schema_editor, old)
 
 
 def backward(apps, schema_editor):
-    c = _concurrently(schema_editor)
-    run = schema_editor.execute
+    create, drop = concurrent_index.create, concurrent_index.drop
     for column, (old, new) in PARTIAL.items():
-        run(f"CREATE INDEX {c}IF NOT EXISTS {old} ON tickets_ticket ({column})")
-        run(f"DROP INDEX {c}IF EXISTS {new}")
-    run(f"CREATE INDEX {c}IF NOT EXISTS {EVENT_TURN} ON tickets_ticketevent (turn_id)")
+        create(schema_editor, old, f"tickets_ticket ({column})")
+        drop(schema_editor, new)
+    create(schema_editor, EVENT_TURN, "tickets_ticketevent (turn_id)")
     if schema_editor.connection.vendor == "postgresql" and not _event_turn_fk(schema_editor):
-        run(
+        schema_editor.execute(
             "ALTER TABLE tickets_ticketevent ADD CONSTRAINT "
             "tickets_ticketevent_turn_id_9363fa4e_fk_endpoints_turn_id FOREIGN KEY (turn_id) "
             "REFERENCES endpoints_turn (id) DEFERRABLE INITIALLY DEFERRED"
         )
-    run(f"CREATE INDEX {c}IF NOT EXISTS event_ticket_idx ON tickets_ticketevent (ticket_id, id)")
-    run(f"DROP INDEX {c}IF EXISTS {EVENT_TICKET}")
+    create(schema_editor, "event_ticket_idx", "tickets_ticketevent (ticket_id, id)")
+    drop(schema_editor, EVENT_TICKET)
 
 
 def _nullable_fk(to: str, on_delete, related_name: str) -> models.ForeignKey:
