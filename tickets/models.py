@@ -223,6 +223,13 @@ class Ticket(models.Model):
                 name="ticket_obligation_open_idx",
                 condition=Q(obligation_state="open"),
             ),
+            # The overdue sweep's: open and not yet flagged (a result nobody
+            # pulled stays open, flagged, for good: tickets.obligations).
+            models.Index(
+                fields=["obligation_due_at"],
+                name="ticket_obligation_due_idx",
+                condition=Q(obligation_state="open", obligation_overdue=False),
+            ),
             # The callbacks a target refused earlier, for their retry sweep
             # (tickets.callbacks): a handful of rows, whatever the ledger.
             models.Index(
