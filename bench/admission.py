@@ -35,7 +35,9 @@ Single-threaded, autocommit. Each repetition runs N iterations of each phase:
 The machine is shared (other engineers' test suites share its 2 cores and
 PostgreSQL's WAL disk), so the phases are interleaved in blocks of
 ``--block`` iterations: every phase sees the same background load, and the
-ratios stay meaningful even when the absolute figures swing. A figure is the
+ratios stay meaningful even when the absolute figures swing. The order of
+the phases rotates from block to block (``benchlib.block_order``), so none
+always pays for coming first. A figure is the
 median over repetitions; a ratio is figure / floor (1.0: the code adds
 nothing to the work its floor does).
 """
@@ -79,6 +81,18 @@ PHASES = [
 # Admission itself publishes nothing (the dispatcher does, off the request
 # path): only the raw send floors put messages on the broker.
 PUBLISHING = ("raw_send", "raw_cte_send")
+# The interleaving's groups (benchlib.block_order): a duplicate phase runs
+# after the phase whose keys it repeats.
+PHASE_GROUPS = [
+    ["new", "duplicate"],
+    ["new_nopublish"],
+    ["raw_cte", "raw_dup", "raw_dup_one"],
+    ["raw_insert"],
+    ["raw_send"],
+    ["raw_cte_send"],
+    ["raw_cte_clientside"],
+]
+assert sorted(p for g in PHASE_GROUPS for p in g) == sorted(PHASES)
 
 
 def ticket_input(key: str) -> dict:
@@ -250,9 +264,9 @@ def repetition(tag: str, n: int, block: int, raw, raw_client, endpoint_id: int) 
         "raw_cte_clientside": lambda s: raw_cte_loop(raw_client, cte_rows["raw_cte_clientside"][s]),
     }
     seconds = dict.fromkeys(PHASES, 0.0)
-    for start in range(0, n, block):
+    for number, start in enumerate(range(0, n, block)):
         part = slice(start, min(start + block, n))
-        for phase in PHASES:
+        for phase in benchlib.block_order(PHASE_GROUPS, number):
             seconds[phase] += loops[phase](part)
     published = benchlib.broker_depth("turns")
     expected = n * len(PUBLISHING)
