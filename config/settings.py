@@ -139,6 +139,13 @@ TURN_FAST_PATH = env.bool("TURN_FAST_PATH", default=True)
 # ... and those two statements prepared (off behind PgBouncer in transaction
 # mode before 1.21, like ADMISSION_PREPARED).
 TURN_PREPARED = env.bool("TURN_PREPARED", default=True)
+# A worker process that finishes a turn with more tickets queued on the
+# endpoint starts the next one itself (no broker round trip), for at most
+# this many turns and this many seconds from its first start; then it
+# publishes the next ticket for any free process (endpoints.runtime.run_ticket).
+# TURN_CHAIN_MAX=1: every ticket goes through the broker.
+TURN_CHAIN_MAX = max(1, env.int("TURN_CHAIN_MAX", default=20))
+TURN_CHAIN_WINDOW_S = env.float("TURN_CHAIN_WINDOW_S", default=1.0)
 # API keys verified in this process are remembered this many seconds (0: off),
 # at most API_KEY_CACHE_SIZE of them (console/keys.py): a revocation or a
 # user's deactivation made elsewhere takes effect here within this delay.

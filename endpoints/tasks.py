@@ -13,12 +13,18 @@ from config.dispatch import RUN_TICKET
 from health.services import sweep_run
 
 from . import dispatcher, runtime
-from . import worker as _worker  # noqa: F401 - connects the shutdown signals
+from . import worker as _worker  # connects the shutdown signals too
 
 
 @shared_task(name=RUN_TICKET, bind=True, ignore_result=True)
 def run_ticket(self, ticket_id: str) -> None:
-    runtime.run_ticket(ticket_id=uuid.UUID(ticket_id), celery_task_id=self.request.id or "")
+    # A backlog on the endpoint: this process starts its next tickets itself
+    # (runtime.run_ticket) until the worker is told to shut down.
+    runtime.run_ticket(
+        ticket_id=uuid.UUID(ticket_id),
+        celery_task_id=self.request.id or "",
+        keep_going=lambda: not _worker.SHUTDOWN.is_set(),
+    )
 
 
 @shared_task(name="endpoints.sweep_budgets", ignore_result=True)

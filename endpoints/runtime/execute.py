@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +24,7 @@ from ..models import (
     Turn,
 )
 from ..runners import Outcome, TurnContext
+from .dispatch import publish_next
 from .finish import Finished, finish_turn
 from .heartbeats import Heartbeater
 from .start import Started, start_turn, started_by
@@ -32,17 +35,59 @@ log = logging.getLogger(__name__)
 HISTORY_ENTRIES = 20
 
 
-def run_ticket(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> uuid.UUID | None:
+def run_ticket(
+    *,
+    ticket_id: uuid.UUID,
+    celery_task_id: str = "",
+    keep_going: Callable[[], bool] | None = None,
+) -> uuid.UUID | None:
     """What the worker does with a dispatch message: start the turn, run the
     runner outside any transaction while heartbeating, finish the turn. Start
     and finish wait out a database outage (``start_with_retry``,
-    ``finish_with_retry``); the heartbeat goes on until the finish is in."""
+    ``finish_with_retry``); the heartbeat goes on until the finish is in.
+    Returns the first turn's id (None: no turn started).
+
+    With ``keep_going`` (the worker's task passes "not shutting down"), a
+    finish that frees the endpoint for its next queued ticket hands that
+    ticket back instead of publishing it, and this process starts it at once:
+    one broker round trip (publish, deliver, acknowledge) less per ticket of
+    a backlog. It goes on while ``keep_going()`` holds, for at most
+    ``TURN_CHAIN_MAX`` turns and ``TURN_CHAIN_WINDOW_S`` seconds since the
+    first start (other endpoints' messages wait for a free pool process
+    meanwhile); the next ticket it does not start, it publishes. Each turn is
+    its own turn (own seq, lock tenure, heartbeat, budget and outcome)."""
+    first: uuid.UUID | None = None
+    began = time.monotonic()
+    turns = 0
+    while True:
+        turn_id, handed = _run_one(
+            ticket_id=ticket_id, celery_task_id=celery_task_id, hand_on=keep_going is not None
+        )
+        first = first or turn_id
+        turns += 1
+        if handed is None:
+            return first
+        if (
+            turns >= settings.TURN_CHAIN_MAX
+            or time.monotonic() - began >= settings.TURN_CHAIN_WINDOW_S
+            or not keep_going()
+        ):
+            publish_next(handed)  # autocommit: the finish has committed
+            return first
+        ticket_id = handed
+
+
+def _run_one(
+    *, ticket_id: uuid.UUID, celery_task_id: str, hand_on: bool
+) -> tuple[uuid.UUID | None, uuid.UUID | None]:
+    """One turn: (its id or None when none started, the endpoint's next
+    ticket its finish handed on)."""
     # A worker's pool process records the turn it runs; the one-statement
     # start and finish write that slot themselves (endpoints.registry).
     slot = registry.current_slot()
     started = start_with_retry(ticket_id=ticket_id, celery_task_id=celery_task_id, slot=slot)
     if started is None:
-        return None
+        return None, None
     turn, ticket, endpoint = started.turn, started.ticket, started.endpoint
     interrupt = threading.Event()
     interval = runners.heartbeat_interval(endpoint.heartbeat_timeout_s, endpoint.interrupt_grace_s)
@@ -82,19 +127,20 @@ def run_ticket(*, ticket_id: uuid.UUID, celery_task_id: str = "") -> uuid.UUID |
         outcome = runners.run(ctx)
         if outcome.kind == "deferred":
             log.info("turn %s deferred: the agent answers through the API", turn.id)
-            return turn.id
+            return turn.id, None
         if outcome.kind == "unproven":
             # Nothing proves the turn stopped: no finish, the sweep quarantines.
             log.error("turn %s: no stop evidence (%s)", turn.id, outcome.evidence)
-            return turn.id
-        idle_recorded = finish_with_retry(turn=turn, outcome=outcome, slot=slot).slot_recorded
+            return turn.id, None
+        finished = finish_with_retry(turn=turn, outcome=outcome, slot=slot, hand_on=hand_on)
+        idle_recorded = finished.slot_recorded
     finally:
         with _current_lock:
             _current.pop(turn.id, None)
         if not idle_recorded:
             registry.slot_idle()
         beater.stop()
-    return turn.id
+    return turn.id, finished.next_ticket
 
 
 # The turns this process runs right now, with their interrupt flags: the
@@ -186,7 +232,11 @@ def start_with_retry(
 
 
 def finish_with_retry(
-    *, turn: Turn, outcome: Outcome, slot: tuple[str, int] | None = None
+    *,
+    turn: Turn,
+    outcome: Outcome,
+    slot: tuple[str, int] | None = None,
+    hand_on: bool = False,
 ) -> Finished:
     """``finish_turn`` for an outcome this worker knows, through a database
     outage: retried with backoff for up to ``FINISH_RETRY_MAX_S`` while the
@@ -197,7 +247,13 @@ def finish_with_retry(
     left to the budget sweep (fail closed: quarantine)."""
     return retry_transient(
         lambda: finish_turn(
-            turn_id=turn.id, seq=turn.seq, outcome=outcome, source="worker", turn=turn, slot=slot
+            turn_id=turn.id,
+            seq=turn.seq,
+            outcome=outcome,
+            source="worker",
+            turn=turn,
+            slot=slot,
+            hand_on=hand_on,
         ),
         what=f"finish of turn {turn.id} seq {turn.seq}",
         max_s=settings.FINISH_RETRY_MAX_S,

@@ -84,6 +84,9 @@ class Finished:
     reason: str = ""
     duplicate: bool = False  # this outcome was already recorded by an earlier attempt
     slot_recorded: bool = False  # the finish statement marked the worker's slot idle
+    # With ``hand_on``: the endpoint's next ticket, unmarked and not published,
+    # for the caller to start itself or publish (``dispatch.publish_next``).
+    next_ticket: uuid.UUID | None = None
 
 
 def finish_turn(
@@ -95,6 +98,7 @@ def finish_turn(
     strict: bool = False,
     turn: Turn | None = None,
     slot: tuple[str, int] | None = None,
+    hand_on: bool = False,
 ) -> Finished:
     """Accept a turn's outcome only from the exact turn (DESIGN.md flow 2).
 
@@ -118,7 +122,9 @@ def finish_turn(
     On PostgreSQL the common case (a root ticket's turn, still running, that
     succeeded or failed) is one statement with all of step 2's guards
     (``fastpath.finish``); when any guard does not hold it writes nothing
-    and the general path below decides.
+    and the general path below decides. With ``hand_on`` the statement's
+    next ticket is not published but handed back (``Finished.next_ticket``):
+    the worker that asked starts it itself, or publishes it.
     """
     digest = outcome_digest(outcome)
     outcome = _externalize(outcome, turn_id)
@@ -129,12 +135,24 @@ def finish_turn(
     if turn is None:
         raise StaleTurn(f"turn {turn_id} does not exist", state=None)
     if fastpath.enabled():
-        state = _finish_fast(
-            turn=turn, seq=seq, outcome=outcome, source=source, digest=digest, slot=slot
+        fast = _finish_fast(
+            turn=turn,
+            seq=seq,
+            outcome=outcome,
+            source=source,
+            digest=digest,
+            slot=slot,
+            hand_on=hand_on,
         )
-        if state is not None:
+        if fast is not None:
+            state, handed = fast
             log.info("turn %s seq %s finished: ticket %s %s", turn.id, seq, turn.ticket_id, state)
-            return Finished(accepted=True, ticket_state=state, slot_recorded=slot is not None)
+            return Finished(
+                accepted=True,
+                ticket_state=state,
+                slot_recorded=slot is not None,
+                next_ticket=handed,
+            )
     stale_reason = ""
     duplicate = False
     with transaction.atomic():
@@ -195,10 +213,12 @@ def _finish_fast(
     source: str,
     digest: str,
     slot: tuple[str, int] | None,
-) -> str | None:
+    hand_on: bool = False,
+) -> tuple[str, uuid.UUID | None] | None:
     """The one-statement finish of a root ticket's turn that succeeded or
-    failed; the ticket's new state, or None when the statement's guards did
-    not all hold (nothing written: the general path decides)."""
+    failed; the ticket's new state and the next ticket handed on (with
+    ``hand_on``; else it is published), or None when the statement's guards
+    did not all hold (nothing written: the general path decides)."""
     if outcome.kind not in ("success", "failure") or outcome.resume is not None:
         return None
     success = outcome.kind == "success"
@@ -232,11 +252,11 @@ def _finish_fast(
         turn_id=turn.id,
         fields={},
     )
-    if next_ticket is not None:
+    if next_ticket is not None and not hand_on:
         publish_next(next_ticket)
     if due:
         publish(DELIVER, str(delivery_id))
-    return to
+    return to, (next_ticket if hand_on else None)
 
 
 def _already_finished(*, turn: Turn, seq: int, digest: str) -> bool:
