@@ -124,21 +124,17 @@ def update_fields(*, ticket_id: uuid.UUID, kind: str, actor: str, detail=None, *
     """Change non-state fields of a ticket (delivery, callback, obligation),
     with an event, in one transaction. The work state only moves through
     ``transition``."""
-    if "state" in fields:
-        raise ValueError("update_fields never writes the work state: use transition()")
-    now = timezone.now()
     with transaction.atomic(savepoint=False):
-        Ticket.objects.filter(id=ticket_id).update(
-            updated_at=now, version=F("version") + 1, **fields
-        )
+        set_recorded_fields(ticket_id=ticket_id, **fields)
         append_event(ticket_id=ticket_id, kind=kind, actor=actor, detail=detail)
 
 
 def set_recorded_fields(*, ticket_id: uuid.UUID, **fields) -> None:
     """Change non-state fields of a ticket whose change an event of the same
-    transaction records (the terminal event records the delivery it opens)."""
+    transaction records: ``update_fields``'s own event, or the terminal event,
+    which records the delivery it opens."""
     if "state" in fields:
-        raise ValueError("set_recorded_fields never writes the work state: use transition()")
+        raise ValueError("non-state fields only: the work state moves through transition()")
     Ticket.objects.filter(id=ticket_id).update(
         updated_at=timezone.now(), version=F("version") + 1, **fields
     )

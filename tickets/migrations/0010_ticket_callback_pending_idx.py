@@ -9,20 +9,19 @@ while it builds, hence a non-atomic migration); SQLite builds it plainly."""
 
 from django.db import migrations, models
 
+from config import concurrent_index
+
 NAME = "ticket_callback_pending_idx"
 
 
 def create(apps, schema_editor):
-    concurrently = "CONCURRENTLY " if schema_editor.connection.vendor == "postgresql" else ""
-    schema_editor.execute(
-        f"CREATE INDEX {concurrently}IF NOT EXISTS {NAME} ON tickets_ticket (id) "
-        "WHERE callback_state = 'pending'"
+    concurrent_index.create(
+        schema_editor, NAME, "tickets_ticket (id) WHERE callback_state = 'pending'"
     )
 
 
 def drop(apps, schema_editor):
-    concurrently = "CONCURRENTLY " if schema_editor.connection.vendor == "postgresql" else ""
-    schema_editor.execute(f"DROP INDEX {concurrently}IF EXISTS {NAME}")
+    concurrent_index.drop(schema_editor, NAME)
 
 
 class Migration(migrations.Migration):
