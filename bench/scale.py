@@ -127,7 +127,6 @@ SELECT g, created, state, webhook, unacked, endpoint_id, user_id,
         'options', jsonb_build_object('tone', 'plain', 'max_words', 300)) AS input,
     %(seq_base)s::bigint - g AS seq,
     jsonb_build_object('delivery_opened', jsonb_build_object(
-        'delivery', bench_uuid7(created + interval '300 ms', %(tag)s || 'd' || g),
         'mode', CASE WHEN webhook THEN 'webhook' ELSE 'pull' END, 'state', 'pending')) AS opened
 FROM (
     SELECT g, created, webhook,
@@ -228,7 +227,7 @@ INSERTS = [
             NULL::uuid),
         (2, s.state IN ('succeeded', 'failed'), 'turn_started', 'queued', 'running',
             'worker:worker-1:4242',
-            jsonb_build_object('seq', s.seq, 'deadline_at', s.created + interval '300 s'),
+            jsonb_build_object('seq', s.seq),
             s.created + interval '100 ms', s.turn_id),
         -- The terminal event records the outcome's digest (a repeated finish
         -- recognises itself by it) and the delivery it opened.

@@ -130,11 +130,6 @@ class _PreparedCursor(psycopg.Cursor):
 _Q, _R = TicketState.QUEUED.value, TicketState.RUNNING.value
 _AVAILABLE, _T_RUNNING = EndpointState.AVAILABLE.value, TurnState.RUNNING.value
 
-# Python's isoformat() of a UTC timestamp (microseconds only when not zero).
-_ISO = """(to_char({d} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
-    || CASE WHEN date_part('microseconds', {d})::bigint %% 1000000 = 0 THEN ''
-            ELSE to_char({d} AT TIME ZONE 'UTC', '.US') END || '+00:00')"""
-
 START_SQL = f"""
 WITH msg AS (
     SELECT t.endpoint_id FROM tickets_ticket t WHERE t.id = %(ticket)s AND t.state = '{_Q}'
@@ -189,7 +184,7 @@ ev AS (
     INSERT INTO tickets_ticketevent (
         ticket_id, kind, from_state, to_state, actor, turn_id, detail, at)
     SELECT t.id, 'turn_started', '{_Q}', '{_R}', %(actor)s, u.id,
-        jsonb_build_object('seq', u.seq, 'deadline_at', {_ISO.format(d="u.deadline_at")}),
+        jsonb_build_object('seq', u.seq),
         u.started_at
     FROM tu t, tn u
 ),
@@ -312,7 +307,7 @@ ev AS (
         ticket_id, kind, from_state, to_state, actor, turn_id, detail, at)
     SELECT t.id, %(kind)s, '{_R}', %(to)s, %(actor)s, %(turn)s,
         %(detail)s::jsonb || jsonb_build_object('delivery_opened', jsonb_build_object(
-            'delivery', dl.id::text, 'mode', dl.mode, 'state', d.state)),
+            'mode', dl.mode, 'state', d.state)),
         %(now)s
     FROM tu t, dl, d
 ),

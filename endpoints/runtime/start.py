@@ -143,7 +143,9 @@ def start_turn(
             kind="turn_started",
             actor=f"worker:{turn.worker['host']}:{turn.worker['pid']}",
             turn_id=turn.id,
-            detail={"seq": turn.seq, "deadline_at": turn.deadline_at.isoformat()},
+            # The seq alone: the event names its turn, whose row keeps the
+            # deadline (set here, never changed, pruned with the event).
+            detail={"seq": turn.seq},
             turn=turn,
         )
     ticket.state, ticket.turn = TicketState.RUNNING, turn  # as written above

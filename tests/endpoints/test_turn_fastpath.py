@@ -36,11 +36,13 @@ def _started(make_endpoint, address):
 
 
 def _shape(ticket_id):
-    """What a turn left behind, without ids and clocks."""
+    """What a turn left behind, without ids and clocks (the events' details
+    carry neither: the turn's row keeps its deadline, the delivery's row its
+    id)."""
     t = Ticket.objects.get(id=ticket_id)
     turn = Turn.objects.get(ticket_id=ticket_id)
     events = [
-        (e.kind, e.from_state, e.to_state, e.actor.split(":")[0], sorted(e.detail))
+        (e.kind, e.from_state, e.to_state, e.actor.split(":")[0], e.detail)
         for e in TicketEvent.objects.filter(ticket_id=ticket_id).order_by("id")
     ]
     entry = ContextEntry.objects.get(turn=turn)
@@ -75,6 +77,9 @@ def test_the_fast_path_writes_what_the_general_path_writes(make_endpoint, settin
         assert done.accepted and not done.duplicate
         shapes.append(_shape(started.ticket.id))
     assert shapes[0] == shapes[1]
+    started_event, terminal = shapes[0]["events"][1], shapes[0]["events"][2]
+    assert started_event == ("turn_started", "queued", "running", "worker", {"seq": 1})
+    assert terminal[4]["delivery_opened"] == {"mode": "pull", "state": "pending"}
 
 
 def test_start_and_finish_are_one_statement_each(make_endpoint, settings):

@@ -62,7 +62,9 @@ def on_root_terminal(*, ticket: Ticket) -> tuple[Delivery, dict[str, str] | None
     set_recorded_fields(ticket_id=ticket.id, delivery_state=state)
     if due:
         publish(DELIVER, str(delivery.id))
-    return delivery, {"delivery": str(delivery.id), "mode": mode, "state": state}
+    # No id: the ticket has this one delivery (one-to-one, pruned with it),
+    # and the delivery's own events name it.
+    return delivery, {"mode": mode, "state": state}
 
 
 def locked_ticket(ticket_id: uuid.UUID) -> Ticket:
