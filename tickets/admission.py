@@ -14,12 +14,12 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from config import observe
@@ -174,12 +174,12 @@ def admit_ticket(
 # test holds equal to endpoints' enums).
 _QUEUED, _OB_OPEN = TicketState.QUEUED.value, ObligationState.OPEN.value
 _CB_NONE, _DL_NONE = CallbackState.NONE.value, DeliveryState.NONE.value
-# Every column of the ticket, for the duplicate branch (read back in this
-# order by _ticket_from_row).
+# Every field of the ticket, for the duplicate branch, which returns the row
+# as one JSON value (to_jsonb): a result of forty-odd columns cost every
+# admission, new ones included (NULLs there), about 50 us to describe and
+# load (bench/admission_parts.py). _ticket_from_row reads it back.
 _TICKET_FIELDS = tuple(Ticket._meta.concrete_fields)
 _TICKET_ATTNAMES = [f.attname for f in _TICKET_FIELDS]
-_TICKET_COLUMNS = ", ".join(f't."{f.column}"' for f in _TICKET_FIELDS)
-_NO_TICKET = ", ".join("NULL" for _ in _TICKET_FIELDS)
 _FAST_SQL = f"""
 WITH ep AS (
     SELECT e.id, e.address, e.owners_id FROM endpoints_endpoint e
@@ -216,7 +216,7 @@ tr AS (
     INSERT INTO tickets_trace (id, tickets, max_depth, flagged, created_at)
     SELECT %(trace_id)s, 1, 0, false, %(now)s FROM ins
 )
-SELECT ins.id, ins.endpoint_id, ep.address, true, NULL, NULL, NULL, NULL, {_NO_TICKET}
+SELECT ins.id, ins.endpoint_id, ep.address, true, NULL, NULL, NULL, NULL, NULL::jsonb
 FROM ins, ep
 UNION ALL
 -- Not inserted: the ticket that already holds the key (committed before this
@@ -227,7 +227,7 @@ UNION ALL
 SELECT t.id, t.endpoint_id, ep.address, false,
     EXISTS (SELECT 1 FROM auth_user_groups ug
             WHERE ug.group_id = ep.owners_id AND ug.user_id = %(submitted_by_id)s),
-    tu.seq, tu.state, rt.address, {_TICKET_COLUMNS}
+    tu.seq, tu.state, rt.address, to_jsonb(t)
 FROM tickets_ticket t JOIN ep ON t.endpoint_id = ep.id
 LEFT JOIN endpoints_turn tu ON tu.id = t.turn_id
 LEFT JOIN endpoints_endpoint rt ON rt.id = t.return_to_id
@@ -323,35 +323,35 @@ def _admit_fast_pg(
     return Admitted(ticket=ticket, duplicate=False)
 
 
-_CONVERTERS: dict[str, list[tuple[int, Any, list]]] = {}
+def _from_json(field) -> Any:
+    """How a field's value in ``to_jsonb`` of the row becomes what the ORM
+    loads: ids and instants are strings in JSON; JSON columns arrive
+    decoded; numbers, booleans and text as they are."""
+    kind = getattr(field, "target_field", field).get_internal_type()
+    if kind == "UUIDField":
+        return uuid.UUID
+    if kind == "DateTimeField":
+        return lambda text: datetime.fromisoformat(text).astimezone(UTC)
+    return None
 
 
-def _ticket_converters(conn) -> list[tuple[int, Any, list]]:
-    """The ticket fields that convert what the database returns (JSON:
-    text to objects), with their converters: asked once per connection."""
-    found = _CONVERTERS.get(conn.alias)
-    if found is None:
-        found = [
-            (i, field, converters)
-            for i, field in enumerate(_TICKET_FIELDS)
-            if (converters := field.get_db_converters(conn))
-        ]
-        _CONVERTERS[conn.alias] = found
-    return found
+_TICKET_FROM_JSON = [(f.column, _from_json(f)) for f in _TICKET_FIELDS]
 
 
 def _ticket_from_row(row: tuple, endpoint_address: str) -> Ticket:
-    """The existing ticket from the statement's duplicate branch, as the ORM
-    would load it (the fields' own converters: JSON arrives as text), with
-    its endpoint, turn and return_to as far as the payload reads them (any
-    other field of those loads on access)."""
-    turn_seq, turn_state, return_to_address = row[5:8]
-    values = list(row[8:])
-    conn = connections[connection.alias]  # not the proxy, once per row
-    for i, field, converters in _ticket_converters(conn):
-        for convert in converters:
-            values[i] = convert(values[i], field, conn)
-    alias = conn.alias
+    """The existing ticket from the statement's duplicate branch (its row as
+    one JSON value), as the ORM would load it, with its endpoint, turn and
+    return_to as far as the payload reads them (any other field of those
+    loads on access)."""
+    turn_seq, turn_state, return_to_address, data = row[5:9]
+    if isinstance(data, str | bytes):  # Django's jsonb loader leaves it text
+        data = json.loads(data)
+    values = [
+        value if convert is None or value is None else convert(value)
+        for column, convert in _TICKET_FROM_JSON
+        for value in (data[column],)
+    ]
+    alias = connection.alias
     ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, values)
     endpoint_model = Ticket.endpoint.field.related_model
     ticket.endpoint = endpoint_model.from_db(
