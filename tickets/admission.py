@@ -323,15 +323,34 @@ def _admit_fast_pg(
     return Admitted(ticket=ticket, duplicate=False)
 
 
+# What JSON carries as the ORM loads it: integers, booleans, text, and JSON
+# columns (decoded with the row).
+_AS_IS = {
+    "AutoField",
+    "BigAutoField",
+    "BigIntegerField",
+    "BooleanField",
+    "CharField",
+    "IntegerField",
+    "JSONField",
+    "PositiveIntegerField",
+    "SmallIntegerField",
+    "TextField",
+}
+
+
 def _from_json(field) -> Any:
     """How a field's value in ``to_jsonb`` of the row becomes what the ORM
-    loads: ids and instants are strings in JSON; JSON columns arrive
-    decoded; numbers, booleans and text as they are."""
+    loads: ids and instants are strings in JSON, to convert; the rest as
+    they are. A field of another kind (a date, a decimal) fails here, at
+    import, rather than reach a duplicate as the wrong type."""
     kind = getattr(field, "target_field", field).get_internal_type()
     if kind == "UUIDField":
         return uuid.UUID
     if kind == "DateTimeField":
         return lambda text: datetime.fromisoformat(text).astimezone(UTC)
+    if kind not in _AS_IS:
+        raise TypeError(f"Ticket.{field.name} ({kind}): no conversion from to_jsonb")
     return None
 
 

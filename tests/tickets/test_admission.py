@@ -355,6 +355,28 @@ def test_a_duplicate_comes_back_whole_from_the_one_statement(
     assert payload["input"] == {"x": [1, "two"]} and payload["requester"] == {"name": "r"}
 
 
+def test_a_ticket_field_the_duplicate_branch_cannot_convert_fails_at_import():
+    """The duplicate branch returns the row as JSON: a field whose JSON form
+    is not what the ORM loads (a date, a decimal) must be refused where the
+    conversions are built, not reach a caller as a string."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from django.db import models
+
+    from tickets.admission import _from_json
+
+    assert _from_json(Ticket._meta.get_field("id")) is uuid.UUID
+    assert _from_json(Ticket._meta.get_field("turn")) is uuid.UUID  # a key to a UUID
+    assert _from_json(Ticket._meta.get_field("endpoint")) is None  # a key to an integer
+    instant = _from_json(Ticket._meta.get_field("created_at"))("2026-12-01T15:53:08.5+01:00")
+    assert instant == datetime(2026, 12, 1, 14, 53, 8, 500000, tzinfo=UTC)
+    assert instant.tzinfo is UTC
+    for field in (models.DateField(name="due_on"), models.DecimalField(name="cost")):
+        with pytest.raises(TypeError, match="no conversion from to_jsonb"):
+            _from_json(field)
+
+
 def test_a_new_ticket_comes_back_as_the_database_holds_it(make_endpoint, django_assert_num_queries):
     """The fast path builds the new ticket from what its statement inserted,
     without reading it back: every field must equal the stored row's, and
