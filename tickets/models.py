@@ -198,11 +198,14 @@ class Ticket(models.Model):
             # Every state but the one most tickets end in: a page of succeeded
             # tickets walks the primary key newest first (nearly every row
             # matches), and the index costs an entry only for the others
-            # (tickets migration 0012; issue 12: bytes per ticket).
+            # (tickets migration 0012; issue 12: bytes per ticket). Nor
+            # queued ones: those are ticket_queued_idx's, by endpoint, and
+            # with queued tickets here a turn's generic plan could walk
+            # every endpoint's queue for its own next ticket (migration 0014).
             models.Index(
                 fields=["state", "-id"],
                 name="ticket_state_id_idx",
-                condition=~Q(state="succeeded"),
+                condition=~Q(state__in=["succeeded", "queued"]),
             ),
             # A trace's tickets (at most TRACE_HARD_LIMIT) are sorted by id
             # after the lookup: the id made every entry 16 bytes longer.
