@@ -54,6 +54,8 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 from bench import benchlib  # noqa: E402
 
 PROBE = "bench.turns-probe"
+# A backlog on one endpoint, and turns on another beside it.
+HOT, QUIET = "bench.turns-hot", "bench.turns-quiet"
 
 
 def endpoint_address(i: int, isolated: bool = False) -> str:
@@ -188,7 +190,9 @@ class _DbClock:
             self.commits += 1
 
 
-def probe_turns(turns: int = 30, *, show: bool = False) -> dict:
+def probe_turns(
+    turns: int = 30, *, show: bool = False, endpoint: str = PROBE, tag: str = "probe"
+) -> dict:
     """Run ``turns`` turns one after another in this process (publishing off,
     on an endpoint the worker never hears of): where a turn's time goes, and
     the statements of the last one."""
@@ -201,7 +205,7 @@ def probe_turns(turns: int = 30, *, show: bool = False) -> dict:
 
     with mock.patch.object(app, "send_task", lambda *a, **kw: None), quiet_logs():
         ids = [
-            admit_ticket(endpoint=PROBE, input={"i": i}, dedupe_key=f"probe-{i}").ticket.id
+            admit_ticket(endpoint=endpoint, input={"i": i}, dedupe_key=f"{tag}-{i}").ticket.id
             for i in range(turns)
         ]
         run_ticket(ticket_id=ids[0], celery_task_id=str(uuid.uuid4()))  # warm
@@ -230,6 +234,20 @@ def probe_turns(turns: int = 30, *, show: bool = False) -> dict:
         "in_commit_ms": round(clock.commit_s / per * 1e3, 2),
         "commits": round(clock.commits / per, 1),
     }
+
+
+def probe_beside_backlog(backlog: int) -> dict:
+    """Turns on a quiet endpoint while another holds ``backlog`` queued
+    tickets, admitted after the statistics were taken (as between two
+    ANALYZEs): a turn that found its next ticket through an index of every
+    endpoint's queue read the whole backlog twice (tickets migration 0014)."""
+    from config.celery import app
+    from tickets.admission import admit_ticket
+
+    with mock.patch.object(app, "send_task", lambda *a, **kw: None), quiet_logs():
+        for i in range(backlog):
+            admit_ticket(endpoint=HOT, input={"i": i}, dedupe_key=f"hot-{i}")
+    return probe_turns(endpoint=QUIET, tag="quiet")
 
 
 def profile_turns(count: int) -> None:
@@ -261,6 +279,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=150.0, help="deadline per round, s")
     parser.add_argument("--profile", action="store_true", help="print a turn's SQL and cProfile")
     parser.add_argument("--latency-probes", type=int, default=40, help="dispatch latency samples")
+    parser.add_argument("--backlog", type=int, default=5000, help="queued beside the last probe")
     parser.add_argument("--keep", action="store_true", help="keep claimcheck_bench afterwards")
     args = parser.parse_args()
     n, k, reps = min(args.n, 5000), max(1, min(args.k, 200)), min(args.reps, 7)
@@ -286,7 +305,8 @@ def main() -> None:
     for i in range(k):
         create_endpoint(address=endpoint_address(i), runner=runner)
         create_endpoint(address=endpoint_address(i, True), runner=isolated)
-    create_endpoint(address=PROBE, runner=runner)
+    for address in (PROBE, HOT, QUIET):
+        create_endpoint(address=address, runner=runner)
     # History on an endpoint of its own: the turn's queries go by ticket id,
     # lock row and the partial queued index, not by how many tickets exist.
     benchlib.seed_ledger(create_endpoint(address="bench.seed", runner=runner).id)
@@ -339,6 +359,7 @@ def main() -> None:
     try:
         # With the workers gone: no dispatcher publishes the probe's tickets.
         queries = probe_turns(show=args.profile)
+        beside = probe_beside_backlog(min(args.backlog, 50_000))
         if args.profile:
             profile_turns(50)
     finally:
@@ -374,6 +395,11 @@ def main() -> None:
         f"{queries['in_commit_ms']:.1f} ms on {queries['commits']:g} COMMITs; the rest is Python"
     )
     print(
+        f"one turn beside another endpoint's backlog of {args.backlog:,}: "
+        f"{beside['turn_ms']:.1f} ms ({beside['turn_ms'] / queries['turn_ms']:.2f}x the turn "
+        f"above), {beside['in_statements_ms']:.1f} ms of it in SQL"
+    )
+    print(
         f"dispatch latency p50 {latency['p50_ms']:.1f} ms (target < 20 ms idle), "
         f"p90 {latency['p90_ms']:.1f} ms"
     )
@@ -403,6 +429,7 @@ def main() -> None:
             "overhead_ms_per_turn": round(fork_ms, 1),
         },
         "turn_queries": queries,
+        "beside_backlog": {"backlog": args.backlog, **beside},
         "messages_per_ticket": messages_per_ticket,
         "dispatch_latency": latency,
         "not_succeeded": failed,
