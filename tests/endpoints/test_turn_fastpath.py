@@ -370,76 +370,12 @@ def _plan_rows(
     return out
 
 
-def _ledger_with_history(make_endpoint, address: str, turns: int = 60) -> None:
-    """Finished tickets on an endpoint of their own: a ledger with history,
-    as in production (the plan tests' statistics then see more than a queue)."""
-    make_endpoint(address, isolation="inline")  # no fork per history turn
-    for i in range(turns):
-        runtime.run_ticket(ticket_id=admit_ticket(endpoint=address, input={"i": i}).ticket.id)
-
-
-def test_a_start_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint, owner_cursor):
-    """Found by the benchmark (auto_explain): the start statement joined the
-    ticket update to the new turn, and the planner, whose statistics showed
-    one queued ticket, scanned the endpoint's whole queued index to find it
-    (98 rows for a backlog of 98): O(backlog) per turn. By key, every node
-    touches a handful of rows however many tickets wait, tk (the endpoint's
-    oldest queued ticket) included since queued tickets are in
-    ticket_queued_idx alone (tickets migration 0014)."""
+def _start_params(ticket_id) -> dict:
+    """The start statement's parameters for ``ticket_id`` (a fresh turn id)."""
     import uuid
 
-    from endpoints.runtime import fastpath
-
-    _ledger_with_history(make_endpoint, "history")
-    make_endpoint("backlog")
-    first = admit_ticket(endpoint="backlog", input={"i": -1}).ticket
-    # Statistics taken while one ticket waits (as the owner: the application
-    # role may not ANALYZE).
-    owner_cursor.execute("ANALYZE tickets_ticket")
-    for i in range(300):
-        admit_ticket(endpoint="backlog", input={"i": i})
-    rows = _plan_rows(
-        fastpath.START_SQL,
-        {
-            "ticket": first.id,
-            "turn": uuid.uuid4(),
-            "task": "plan",
-            "worker": "{}",
-            "token_sha256": "",
-            "actor": "worker",
-            "node": "",
-            "pid": 0,
-        },
-        generic=True,
-        filtered=True,
-    )
-    big = [(node, n) for node, n in rows if n > 5]
-    assert not big, big
-
-
-def test_a_turn_reads_nothing_of_another_endpoints_backlog(
-    make_endpoint, owner_cursor, monkeypatch
-):
-    """Found by auto_explain (round 7): a start takes its endpoint's oldest
-    queued ticket and a finish unmarks its next one, and with statistics
-    taken before a backlog the generic plan found them through
-    ``ticket_state_id_idx`` (state, id), walking every endpoint's queued
-    tickets in id order and filtering on the endpoint: one hot endpoint's
-    backlog read again by every other endpoint's every turn. Queued
-    tickets are ``ticket_queued_idx``'s (endpoint, id), and only its."""
-    import uuid
-
-    from endpoints.runtime import fastpath
-
-    _ledger_with_history(make_endpoint, "history4")
-    owner_cursor.execute("ANALYZE tickets_ticket")  # statistics taken with nothing queued
-    make_endpoint("hot")
-    make_endpoint("quiet")
-    for i in range(300):
-        admit_ticket(endpoint="hot", input={"i": i})
-    mine = admit_ticket(endpoint="quiet", input={}).ticket
-    start_params = {
-        "ticket": mine.id,
+    return {
+        "ticket": ticket_id,
         "turn": uuid.uuid4(),
         "task": "plan",
         "worker": "{}",
@@ -448,10 +384,13 @@ def test_a_turn_reads_nothing_of_another_endpoints_backlog(
         "node": "",
         "pid": 0,
     }
-    rows = _plan_rows(fastpath.START_SQL, start_params, generic=True, filtered=True)
-    assert not [r for r in rows if r[1] > 5], rows
 
-    started = runtime.start_turn(ticket_id=mine.id)
+
+def _finish_statement(started, monkeypatch) -> tuple[str, dict]:
+    """The finish statement and parameters ``started``'s success would run,
+    captured before it reaches the database."""
+    from endpoints.runtime import fastpath
+
     captured = {}
 
     class Captured(Exception):
@@ -470,7 +409,66 @@ def test_a_turn_reads_nothing_of_another_endpoints_backlog(
             source="worker",
             turn=started.turn,
         )
-    rows = _plan_rows(captured["sql"], captured["params"], generic=True, filtered=True)
+    return captured["sql"], captured["params"]
+
+
+def _ledger_with_history(make_endpoint, address: str, turns: int = 60) -> None:
+    """Finished tickets on an endpoint of their own: a ledger with history,
+    as in production (the plan tests' statistics then see more than a queue)."""
+    make_endpoint(address, isolation="inline")  # no fork per history turn
+    for i in range(turns):
+        runtime.run_ticket(ticket_id=admit_ticket(endpoint=address, input={"i": i}).ticket.id)
+
+
+def test_a_start_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint, owner_cursor):
+    """Found by the benchmark (auto_explain): the start statement joined the
+    ticket update to the new turn, and the planner, whose statistics showed
+    one queued ticket, scanned the endpoint's whole queued index to find it
+    (98 rows for a backlog of 98): O(backlog) per turn. By key, every node
+    touches a handful of rows however many tickets wait, tk (the endpoint's
+    oldest queued ticket) included since queued tickets are in
+    ticket_queued_idx alone (tickets migration 0014)."""
+
+    from endpoints.runtime import fastpath
+
+    _ledger_with_history(make_endpoint, "history")
+    make_endpoint("backlog")
+    first = admit_ticket(endpoint="backlog", input={"i": -1}).ticket
+    # Statistics taken while one ticket waits (as the owner: the application
+    # role may not ANALYZE).
+    owner_cursor.execute("ANALYZE tickets_ticket")
+    for i in range(300):
+        admit_ticket(endpoint="backlog", input={"i": i})
+    rows = _plan_rows(fastpath.START_SQL, _start_params(first.id), generic=True, filtered=True)
+    big = [(node, n) for node, n in rows if n > 5]
+    assert not big, big
+
+
+def test_a_turn_reads_nothing_of_another_endpoints_backlog(
+    make_endpoint, owner_cursor, monkeypatch
+):
+    """Found by auto_explain (round 7): a start takes its endpoint's oldest
+    queued ticket and a finish unmarks its next one, and with statistics
+    taken before a backlog the generic plan found them through
+    ``ticket_state_id_idx`` (state, id), walking every endpoint's queued
+    tickets in id order and filtering on the endpoint: one hot endpoint's
+    backlog read again by every other endpoint's every turn. Queued
+    tickets are ``ticket_queued_idx``'s (endpoint, id), and only its."""
+
+    from endpoints.runtime import fastpath
+
+    _ledger_with_history(make_endpoint, "history4")
+    owner_cursor.execute("ANALYZE tickets_ticket")  # statistics taken with nothing queued
+    make_endpoint("hot")
+    make_endpoint("quiet")
+    for i in range(300):
+        admit_ticket(endpoint="hot", input={"i": i})
+    mine = admit_ticket(endpoint="quiet", input={}).ticket
+    rows = _plan_rows(fastpath.START_SQL, _start_params(mine.id), generic=True, filtered=True)
+    assert not [r for r in rows if r[1] > 5], rows
+
+    started = runtime.start_turn(ticket_id=mine.id)
+    rows = _plan_rows(*_finish_statement(started, monkeypatch), generic=True, filtered=True)
     assert not [r for r in rows if r[1] > 5], rows
 
 
@@ -504,7 +502,6 @@ def test_a_finish_reads_a_handful_of_rows_whatever_the_backlog(
     turn, the largest cost in the pipeline. By key, every node touches a
     handful of rows however many tickets wait. The plan is the generic one a
     worker's prepared statement settles on."""
-    from endpoints.runtime import fastpath
 
     _ledger_with_history(make_endpoint, "history3")
     owner_cursor.execute("ANALYZE tickets_ticket")  # statistics taken with nothing queued
@@ -514,24 +511,6 @@ def test_a_finish_reads_a_handful_of_rows_whatever_the_backlog(
     started = runtime.start_turn(ticket_id=first.id)
     for i in range(300):
         admit_ticket(endpoint="backlog2", input={"i": i + 1})
-    captured = {}
-
-    class Captured(Exception):
-        pass
-
-    def capture(sql, params):
-        captured.update(sql=sql, params=params)
-        raise Captured
-
-    monkeypatch.setattr(fastpath, "_execute", capture)
-    with pytest.raises(Captured):
-        runtime.finish_turn(
-            turn_id=started.turn.id,
-            seq=started.turn.seq,
-            outcome=Outcome.success({}),
-            source="worker",
-            turn=started.turn,
-        )
-    rows = _plan_rows(captured["sql"], captured["params"], generic=True, filtered=True)
+    rows = _plan_rows(*_finish_statement(started, monkeypatch), generic=True, filtered=True)
     big = [(node, n) for node, n in rows if n > 5]
     assert not big, big
