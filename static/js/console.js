@@ -114,11 +114,36 @@
 
   // beforeRequest names the element that asked; later events name the
   // target, so the request itself carries the mark.
+  //
+  // A poll and a request the user made never overlap on one region. A poll
+  // answered before the user's request commits but swapped in after it was
+  // sent would replace the element the user's answer is meant for: that
+  // answer then lands nowhere and the page shows the state from before (CI,
+  // 2026-12-01: a cancel recorded, the page still "queued"). So a user's
+  // request aborts the region's poll in flight, and no poll starts while a
+  // user's request to that region is open.
   document.addEventListener("htmx:beforeRequest", function (event) {
     var poll = isPoll(event.detail.elt);
-    if (poll && isPaused()) { event.preventDefault(); return; }
-    if (event.detail.xhr) event.detail.xhr.claimcheckPoll = poll;
+    var region = event.detail.target;
+    var xhr = event.detail.xhr;
+    if (poll) {
+      if (isPaused() || (region && region.claimcheckBusy)) { event.preventDefault(); return; }
+      if (region && xhr) region.claimcheckPollXhr = xhr;
+    } else if (region && xhr) {
+      var inFlight = region.claimcheckPollXhr;
+      region.claimcheckPollXhr = null;
+      if (inFlight && inFlight.readyState !== 4) inFlight.abort();
+      region.claimcheckBusy = (region.claimcheckBusy || 0) + 1;
+      xhr.claimcheckRegion = region;
+    }
+    if (xhr) xhr.claimcheckPoll = poll;
   });
+  function release(event) {
+    var xhr = event.detail.xhr, region = xhr && xhr.claimcheckRegion;
+    if (region) { region.claimcheckBusy = Math.max(0, (region.claimcheckBusy || 1) - 1); xhr.claimcheckRegion = null; }
+  }
+  document.addEventListener("htmx:afterRequest", release);
+  document.addEventListener("htmx:sendAbort", release);
   document.addEventListener("htmx:beforeSwap", function (event) {
     var region = event.detail.target;
     if (!event.detail.xhr || !event.detail.xhr.claimcheckPoll || !region || !region.id) return;

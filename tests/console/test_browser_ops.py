@@ -226,6 +226,38 @@ def test_cancel_from_the_ticket_page(page, live_server):
     assert event.actor == "user:olive"
 
 
+def test_a_refresh_in_flight_never_overwrites_the_answer_to_a_cancel(page, live_server):
+    """The race CI met (2026-12-01): a poll of the ticket region, rendered
+    before the cancel committed, swapped in while the cancel was in flight;
+    the cancel's answer then went to the element the poll had replaced, and
+    the page showed "queued" for good (its typed reason held every later
+    refresh). The cancel's request is held here until two polls have come
+    due, so the interleaving is certain, not a matter of timing."""
+    echo_endpoint("web.echo")
+    ticket = admit_ticket(endpoint="web.echo", input={"q": "held"}).ticket
+    create_owner(username="olive", password=PASSWORD, endpoints=["web.echo"])
+    log_in(page, live_server, f"/tickets/{ticket.id}/", "olive", PASSWORD)
+    page.evaluate(
+        """() => { window.__pollsDue = 0; document.addEventListener("htmx:beforeRequest", (e) => {
+             if ((e.detail.elt.getAttribute("hx-trigger") || "").startsWith("every")) window.__pollsDue += 1; }); }"""
+    )
+    held = []
+    page.route(f"**/tickets/{ticket.id}/cancel/", lambda route: held.append(route))
+    page.on("dialog", lambda d: d.accept())
+    page.get_by_label("Reason").fill("requester withdrew the request")
+    page.get_by_role("button", name="Cancel ticket").click()
+    wait_until(page, lambda: held, timeout=10, message="the cancel request")
+    page.evaluate("() => { window.__pollsDue = 0; }")
+    page.wait_for_function("() => window.__pollsDue >= 2", timeout=10_000)
+
+    held[0].continue_()
+    expect(page.locator("#ticket dl.kv").first).to_contain_text("cancelled")
+    expect(page.locator("#messages")).to_contain_text("Cancel recorded")
+    expect(page.get_by_role("button", name="Cancel ticket")).to_have_count(0)
+    ticket.refresh_from_db()
+    assert ticket.state == TicketState.CANCELLED
+
+
 AXE_RUN = """async () => {
   const result = await axe.run(document, {resultTypes: ["violations"]});
   return result.violations
