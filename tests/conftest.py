@@ -95,6 +95,15 @@ def _runner_allow_list(settings):
 
 
 @pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """A test's users get MD5 password hashes: the production hasher's
+    deliberate cost (~0.3 s of CPU a user) was a fifth of the suite's CPU on
+    two cores, and no test measures it. Processes a test starts (workers,
+    gunicorn) keep the production setting."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def _fresh_api_key_cache():
     """Each test starts with no verified key remembered (console/keys.py):
     a test's database is rolled back, the process-wide cache is not."""
@@ -223,7 +232,11 @@ class Processes:
         queues: str = "turns,control",
         concurrency: int = 3,
         ready_timeout: float = 90.0,  # a loaded 2-core machine starts Python slowly
+        embedded_beat: bool = False,
     ) -> subprocess.Popen:
+        # embedded_beat: beat as a child the worker forks (celery worker -B)
+        # rather than a process of its own that imports everything again.
+        beat = ["-B", "-s", str(self.tmp / "beat-schedule")] if embedded_beat else []
         proc = self.start(
             name,
             "worker",
@@ -237,9 +250,11 @@ class Processes:
             "--without-mingle",
             "--loglevel",
             "INFO",
+            *beat,
         )
         wait_for(
-            lambda: b"ready." in self.log(name),
+            lambda: b"ready." in self.log(name)
+            and (not embedded_beat or b"beat: Starting" in self.log(name)),
             timeout=ready_timeout,
             message=f"worker {name} to be ready",
         )
@@ -263,10 +278,11 @@ class Processes:
         )
 
     def worker_and_beat(self) -> None:
-        """The default worker and beat, readying side by side."""
-        self.beat(wait=False)
-        self.worker()
-        self.wait_beat()
+        """The default worker with beat embedded (one process to start, not
+        two: process start-up was most of the suite's CPU). A test that stops
+        beat alone, or kills the worker while the sweeps must go on, starts
+        them apart."""
+        self.worker(embedded_beat=True)
 
     def log(self, name: str) -> bytes:
         path = self.tmp / f"{name}.log"
@@ -331,9 +347,8 @@ def celery_procs(transactional_db, tmp_path):
 
 @pytest.fixture
 def worker(celery_procs):
-    """One real worker (3 processes) on both queues, and beat with 0.5 s sweeps.
-    Beat starts first and readies while the worker does (start-up is most of
-    an integration test's time)."""
+    """One real worker (3 processes) on both queues, with beat embedded (0.5 s
+    sweeps)."""
     celery_procs.worker_and_beat()
     return celery_procs
 

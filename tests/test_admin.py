@@ -47,11 +47,6 @@ MODELS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def closed_port_url() -> str:
     with socket.socket() as s:  # nobody listens here: the attempt fails and is logged
         s.bind(("127.0.0.1", 0))

@@ -19,11 +19,6 @@ from .helpers import Proxy, Recorder
 SECRET = "whsec_" + base64.b64encode(b"claimcheck client test key, 32 b").decode()
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def server(live_server) -> str:
     """The live server's base URL (the client adds ``/api/v1``)."""

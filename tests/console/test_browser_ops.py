@@ -238,8 +238,10 @@ def test_a_refresh_in_flight_never_overwrites_the_answer_to_a_cancel(page, live_
     create_owner(username="olive", password=PASSWORD, endpoints=["web.echo"])
     log_in(page, live_server, f"/tickets/{ticket.id}/", "olive", PASSWORD)
     page.evaluate(
-        """() => { window.__pollsDue = 0; document.addEventListener("htmx:beforeRequest", (e) => {
-             if ((e.detail.elt.getAttribute("hx-trigger") || "").startsWith("every")) window.__pollsDue += 1; }); }"""
+        """() => { window.__pollsDue = 0;
+             document.addEventListener("htmx:beforeRequest", (e) => {
+               const trigger = e.detail.elt.getAttribute("hx-trigger") || "";
+               if (trigger.startsWith("every")) window.__pollsDue += 1; }); }"""
     )
     held = []
     page.route(f"**/tickets/{ticket.id}/cancel/", lambda route: held.append(route))

@@ -146,12 +146,6 @@ def log_in(client, username: str, password: str, address: str = "10.0.0.1"):
     return client.post("/login/", {"username": username, "password": password}, REMOTE_ADDR=address)
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    # Throttling is about counting attempts, not about the hash's cost.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def olive(db):
     return create_owner(username="olive", password=PASSWORD, endpoints=[])

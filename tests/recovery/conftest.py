@@ -30,12 +30,6 @@ class Quarantined:
         return self
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    # These tests authenticate by API key; a slow password hash only costs time.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def owner(django_user_model):
     return django_user_model.objects.create_user("owner")
