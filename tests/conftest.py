@@ -253,8 +253,10 @@ class Processes:
             *beat,
         )
         wait_for(
-            lambda: b"ready." in self.log(name)
-            and (not embedded_beat or b"beat: Starting" in self.log(name)),
+            lambda: (
+                b"ready." in self.log(name)
+                and (not embedded_beat or b"beat: Starting" in self.log(name))
+            ),
             timeout=ready_timeout,
             message=f"worker {name} to be ready",
         )
@@ -276,6 +278,11 @@ class Processes:
             timeout=ready_timeout,
             message="beat to start",
         )
+
+    def control_and_beat(self) -> subprocess.Popen:
+        """The control worker (sweeps, one slot) with beat embedded: for tests
+        that kill or stop the turns worker while the sweeps go on."""
+        return self.worker("control", queues="control", concurrency=1, embedded_beat=True)
 
     def worker_and_beat(self) -> None:
         """The default worker with beat embedded (one process to start, not

@@ -171,8 +171,7 @@ def _console_session(stack: Stack) -> httpx.Client:
 
 
 def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
-    procs.worker(queues="turns,control", concurrency=2, ready_timeout=READY_S)
-    procs.beat(ready_timeout=READY_S)
+    procs.worker(queues="turns,control", concurrency=2, ready_timeout=READY_S, embedded_beat=True)
     api = stack.api()
     # An outage shorter than heartbeat timeout + grace must never quarantine.
     r = api.patch("/endpoints/demo.sleep", json={"heartbeat_timeout_s": 15, "interrupt_grace_s": 3})

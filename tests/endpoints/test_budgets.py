@@ -98,8 +98,7 @@ def test_stuck_over_budget_is_quarantined_and_fails_closed(worker, make_endpoint
 @pytest.mark.integration
 def test_worker_killed_mid_turn_ends_in_quarantine_without_replay(celery_procs, make_endpoint):
     # Sweeps and beat live apart from the worker that dies.
-    celery_procs.worker("control", queues="control", concurrency=1)
-    celery_procs.beat()
+    celery_procs.control_and_beat()
     celery_procs.worker("turns", queues="turns", concurrency=1)
     make_endpoint(
         "fragile",

@@ -45,8 +45,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _workers(celery_procs, turns_concurrency: int) -> None:
-    celery_procs.worker("control", queues="control", concurrency=1)
-    celery_procs.beat()
+    celery_procs.control_and_beat()
     celery_procs.worker("turns", queues="turns", concurrency=turns_concurrency)
 
 

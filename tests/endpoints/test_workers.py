@@ -38,8 +38,7 @@ def test_a_held_slot_a_starved_endpoint_and_a_lost_worker_are_shown(
     celery_procs, make_endpoint, api, settings, staff_user, client
 ):
     settings.WORKER_LOST_AFTER_S = 3
-    celery_procs.worker("control", queues="control", concurrency=1)
-    celery_procs.beat()
+    celery_procs.control_and_beat()
     celery_procs.worker("turns", queues="turns", concurrency=1)
     wait_for(lambda: _turns_worker(api), timeout=20, message="the turns worker to register")
     w = _turns_worker(api)

@@ -37,8 +37,7 @@ def test_stop_process_needs_a_decided_case_held_slot_and_an_owner(
 def test_the_owner_stops_the_process_of_a_decided_inline_turn(
     celery_procs, make_endpoint, owner, api, owner_api, client
 ):
-    celery_procs.worker("control", queues="control", concurrency=1)
-    celery_procs.beat()
+    celery_procs.control_and_beat()
     celery_procs.worker("turns", queues="turns", concurrency=1)
     make_endpoint(
         "stop.stuck",
