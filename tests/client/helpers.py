@@ -4,6 +4,7 @@ server), a recording HTTP server (an agent, a webhook receiver), ``poll``."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -87,8 +88,13 @@ class Proxy:
 
     def close(self) -> None:
         self._closed = True
+        # close() alone does not wake a thread blocked in accept() on Linux:
+        # the join below waited out its 5 s after every test. shutdown() does.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._thread.join(timeout=5)
+        assert not self._thread.is_alive(), "the proxy's accept loop did not stop"
 
     def _serve(self) -> None:
         while not self._closed:
