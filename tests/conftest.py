@@ -97,9 +97,10 @@ def _runner_allow_list(settings):
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     """A test's users get MD5 password hashes: the production hasher's
-    deliberate cost (~0.3 s of CPU a user) was a fifth of the suite's CPU on
-    two cores, and no test measures it. Processes a test starts (workers,
-    gunicorn) keep the production setting."""
+    deliberate cost (~0.3 s of CPU a user) was half the time of the console
+    and API files (50 s of theirs, 25 s without), on a suite bound by CPU,
+    and no test measures it. Processes a test starts (workers, gunicorn)
+    keep the production setting."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
@@ -286,7 +287,7 @@ class Processes:
 
     def worker_and_beat(self) -> None:
         """The default worker with beat embedded (one process to start, not
-        two: process start-up was most of the suite's CPU). A test that stops
+        two: the processes tests start were over half the suite's CPU). A test that stops
         beat alone, or kills the worker while the sweeps must go on, starts
         them apart."""
         self.worker(embedded_beat=True)
