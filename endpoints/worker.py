@@ -2,7 +2,7 @@
 
 On SIGTERM (or the first Ctrl-C) Celery's main process stops taking messages
 and waits for its pool. The pool processes hear the shutdown too: from a
-process-group signal (honcho, a terminal, ``kill -TERM -<pgid>``) or, for a
+process-group signal (a terminal, ``kill -TERM -<pgid>``) or, for a
 pool process that is running a turn, from the main process, which passes the
 SIGTERM on to those processes only.
 
