@@ -2,7 +2,7 @@
 raw PostgreSQL (and raw Celery publish) floors measured in the same run, on
 the same database and broker.
 
-    .venv/bin/python bench/admission.py [-n 2000] [--reps 3] [--block 50] [--profile]
+    .venv/bin/python bench/admission.py [-n 2000] [--reps 3] [--block 50] [--profile] [--pin]
 
 Single-threaded, autocommit. Each repetition runs N iterations of each phase:
 
@@ -316,6 +316,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200, help="iterations per phase, untimed")
     parser.add_argument("--profile", action="store_true", help="also print cProfile of each path")
     parser.add_argument("--keep", action="store_true", help="keep claimcheck_bench afterwards")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="this process on one core, its PostgreSQL backends on the other (finding 14)",
+    )
     args = parser.parse_args()
     n, reps, block = min(args.n, 20_000), min(args.reps, 7), max(1, args.block)
     benchlib.start_wall_clock()
@@ -343,6 +348,12 @@ def main() -> None:
         prepare_threshold=None,
     )
     raw.execute("CREATE TABLE bench_scratch (id uuid PRIMARY KEY, k text, v jsonb)")
+    if args.pin:
+        with connection.cursor() as cursor:  # the connection admit_ticket uses
+            cursor.execute("SELECT pg_backend_pid()")
+            pids = [cursor.fetchone()[0]]
+        pids += [c.execute("SELECT pg_backend_pid()").fetchone()[0] for c in (raw, raw_client)]
+        print(benchlib.pin_to_cores(pids), flush=True)
     rates: dict[str, list[float]] = {p: [] for p in PHASES}
     try:
         # Warm up every path: imports, connections, psycopg's prepared statements.

@@ -303,6 +303,29 @@ def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
 
 
+def pin_to_cores(backend_pids: list[int]) -> str:
+    """``--pin``: this process on the first core, the PostgreSQL backends of
+    its connections on the second. Unpinned, on two cores, a phase's rate
+    depended on which phase ran before it: identical admission work measured
+    0.72 and 1.00 of its floor in one run, the floor itself 25 % slower
+    (bench/README.md, round 8, finding 14): where the scheduler had last put
+    the client and its backend. Pinned, the two measured within 3 %. Needs
+    two cores and the right to set another process's affinity (root, or
+    the PostgreSQL server's user); says what it did either way."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return "not pinned: fewer than two cores"
+    try:
+        for pid in backend_pids:
+            os.sched_setaffinity(pid, {cores[1]})
+    except OSError as exc:
+        return f"not pinned: {exc}"
+    os.sched_setaffinity(0, {cores[0]})
+    return f"pinned: this process on core {cores[0]}, backends {backend_pids} on core {cores[1]}"
+
+
 def block_order(groups: list[list[str]], block: int) -> list[str]:
     """The phases of interleaved block number ``block``: the groups rotated
     by one place each block, so every group takes every slot equally often.
