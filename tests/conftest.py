@@ -263,15 +263,10 @@ class Processes:
         )
         return proc
 
-    def beat(self, ready_timeout: float = 60.0, wait: bool = True) -> subprocess.Popen:
+    def beat(self, ready_timeout: float = 60.0) -> subprocess.Popen:
         proc = self.start(
             "beat", "beat", "--loglevel", "INFO", "-s", str(self.tmp / "beat-schedule")
         )
-        if wait:
-            self.wait_beat(ready_timeout)
-        return proc
-
-    def wait_beat(self, ready_timeout: float = 60.0) -> None:
         # Under load beat takes seconds to start: a test that needs the sweeps
         # (a budget to be enforced) must not race it.
         wait_for(
@@ -279,6 +274,7 @@ class Processes:
             timeout=ready_timeout,
             message="beat to start",
         )
+        return proc
 
     def control_and_beat(self) -> subprocess.Popen:
         """The control worker (sweeps, one slot) with beat embedded: for tests
