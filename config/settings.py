@@ -291,6 +291,13 @@ API_MAX_BODY_BYTES = env.int(
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(2_621_440, API_MAX_BODY_BYTES)
 # Longest wait_s an admission may ask for.
 ADMISSION_MAX_WAIT_S = env.float("ADMISSION_MAX_WAIT_S", default=60.0)
+# The console's live regions (console/live.py): how long one watch waits for
+# a ticket event before it answers "nothing changed" (under proxies' idle
+# timeouts and gunicorn's), and how many watches one web process holds at
+# once (each holds a thread, no database session): the rest of its threads
+# stay for requests. A tab over the limit polls until a slot frees.
+CONSOLE_LIVE_WAIT_S = env.float("CONSOLE_LIVE_WAIT_S", default=25.0)
+CONSOLE_LIVE_SLOTS = env.int("CONSOLE_LIVE_SLOTS", default=2)
 # The obligations sweep has no need to run as often as the others.
 OBLIGATION_SWEEP_INTERVAL_S = env.float(
     "OBLIGATION_SWEEP_INTERVAL_S", default=max(SWEEP_INTERVAL_S, 30.0)

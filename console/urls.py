@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import views, workers
+from . import live, views, workers
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
@@ -25,6 +25,7 @@ urlpatterns = [
     path("lessons/", views.lesson_list, name="lesson_list"),
     path("obligations/", views.obligation_list, name="obligation_list"),
     path("workers/", workers.worker_list, name="worker_list"),
+    path("live/", live.watch, name="live_watch"),
     path(
         "recovery/<uuid:case_id>/stop-process/",
         workers.case_stop_process,

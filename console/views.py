@@ -95,6 +95,7 @@ def page(
 
 @login_required
 def dashboard(request):
+    live_token = ticket_selectors.ledger_change_token()  # before what it covers
     counts = selectors.ticket_state_counts(user=request.user)
     awaiting, awaiting_more = ticket_selectors.awaiting_approval(user=request.user)
     return page(
@@ -113,6 +114,7 @@ def dashboard(request):
             "capacity": selectors.capacity_flags(),
             # Database, broker and sweepers, as /readyz sees them.
             "readiness": readiness(probe_database=False),
+            "live_token": live_token,
         },
         region="live",
     )
@@ -154,6 +156,7 @@ def ticket_list(request):
     if filters["trace_id"] and not filters["q"]:
         filters["q"] = filters["trace_id"]
     cursor = request.GET.get("cursor", "").strip() or None
+    live_token = None if cursor else ticket_selectors.ledger_change_token()  # before the rows
     rows, next_cursor, error = [], None, None
     try:
         endpoint_id = resolve_endpoint(filters["endpoint"]).id if filters["endpoint"] else None
@@ -184,6 +187,7 @@ def ticket_list(request):
             "deliveries": DELIVERY_FILTERS,
             "endpoints": selectors.endpoint_choices(),
             "selectable": True,
+            "live_token": live_token,
         },
         region="table",
         status=400 if error else 200,
@@ -258,6 +262,7 @@ def _ticket_context(
     obligation_error: str | None = None,
     cancel_error: str | None = None,
 ) -> dict:
+    live_token = ticket_selectors.change_token(ticket_id)  # before what it covers
     try:
         detail = selectors.ticket_detail(ticket_id, user=request.user)
     except NotFound:
@@ -284,6 +289,7 @@ def _ticket_context(
         .order_by("-opened_at")
         .first(),
         "cancel_error": cancel_error,
+        "live_token": live_token,
     }
 
 
@@ -381,6 +387,7 @@ def ticket_obligation(request, ticket_id):
 
 @login_required
 def trace_detail(request, trace_id):
+    live_token = ticket_selectors.ledger_change_token()  # before what it covers
     tree, rows = selectors.trace_tree(trace_id, user=request.user)
     return page(
         request,
@@ -394,6 +401,7 @@ def trace_detail(request, trace_id):
             "warned": any(r.warned for r in rows),
             "trace_soft_limit": settings.TRACE_SOFT_LIMIT,
             "trace_hard_limit": settings.TRACE_HARD_LIMIT,
+            "live_token": live_token,
         },
         region="tree",
     )
@@ -404,10 +412,15 @@ def trace_detail(request, trace_id):
 
 @login_required
 def endpoint_list(request):
+    live_token = ticket_selectors.ledger_change_token()  # before what it covers
     return page(
         request,
         "console/endpoint_list.html",
-        {"section": "endpoints", "endpoints": selectors.endpoint_rows(user=request.user)},
+        {
+            "section": "endpoints",
+            "endpoints": selectors.endpoint_rows(user=request.user),
+            "live_token": live_token,
+        },
         region="table",
     )
 
@@ -417,6 +430,7 @@ def endpoint_detail(request, address):
     endpoint = selectors.get_endpoint(address)
     if endpoint.address != address:  # an alias: show the canonical page
         return redirect("endpoint_detail", address=endpoint.address)
+    live_token = ticket_selectors.ledger_change_token()  # before what it covers
     holder = selectors.lock_holder(endpoint)
     return page(
         request,
@@ -432,6 +446,7 @@ def endpoint_detail(request, address):
             "turns": selectors.recent_turns(endpoint, user=request.user),
             "hour": selectors.endpoint_hour(endpoint),
             "cases": selectors.endpoint_cases(endpoint, user=request.user),
+            "live_token": live_token,
         },
         region="live",
     )

@@ -20,7 +20,6 @@ from django.utils import timezone
 from config import observe
 from config.errors import InvalidTransition, NotFound
 
-from . import waits
 from .models import (
     TERMINAL_STATES,
     TICKET_EDGES,
@@ -116,7 +115,6 @@ def transition(
         )
         if terminal is not None:
             _on_terminal(*terminal)
-            waits.notify_terminal(ticket_id)  # wakes wait_s callers at commit
     return expected
 
 

@@ -6,7 +6,7 @@ import base64
 import uuid
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from config.errors import Invalid, NotFound
 
@@ -359,3 +359,25 @@ def awaiting_approval(*, user, limit: int = 20) -> tuple[list[Ticket], bool]:
         .order_by("-id")[: limit + 1]
     )
     return rows[:limit], len(rows) > limit
+
+
+def change_token(ticket_id: uuid.UUID | str) -> str:
+    """What a page showing the ticket last saw: its version and its newest
+    event, which every change of the ticket or its record moves (console
+    live regions). One indexed read; "" for a ticket that is not there."""
+    newest = TicketEvent.objects.filter(ticket_id=OuterRef("id")).order_by("-id").values("id")[:1]
+    row = (
+        Ticket.objects.filter(id=ticket_id)
+        .annotate(newest=Subquery(newest))
+        .values_list("version", "newest")
+        .first()
+    )
+    return "" if row is None else f"{row[0]}.{row[1] or 0}"
+
+
+def ledger_change_token() -> str:
+    """The newest event of the whole ledger (a backward step of the primary
+    key): what a list or the dashboard last saw. It moves with any ticket's
+    change; a page re-reads what its user may see."""
+    newest = TicketEvent.objects.order_by("-id").values_list("id", flat=True).first()
+    return str(newest or 0)

@@ -1,15 +1,20 @@
-"""Waiting for a ticket to end, without polling the ledger.
+"""Waiting for a ticket to change or end, without polling the ledger.
 
-A terminal transition (``lifecycle.transition``) calls ``pg_notify`` on
-``TICKET_CHANNEL`` with the ticket's id, delivered when it commits. One
-listener thread per web process holds the only LISTEN connection and wakes
-the requests waiting on that id. A waiting request reads the ticket once
-after it subscribed (so a transition that committed in between is not
-missed) and once after it wakes: it costs no queries while it waits, and
-holds no database connection (it closes its own, outside a transaction).
+Every ticket event NOTIFYs ``TICKET_CHANNEL`` with its ticket's id when its
+transaction commits (a trigger: tickets migration 0015); a bulk load sends
+``*``. One listener thread per web process holds the only LISTEN connection
+and wakes the requests waiting on that id, and those waiting on any change
+(``ANY``: the console's lists and dashboard). A waiting request reads once
+after it subscribed (so a change that committed in between is not missed)
+and once after it wakes: it costs no queries while it waits, and holds no
+database connection (it closes its own, outside a transaction).
+
+Two waits use it: ``wait_until_terminal`` (the API's ``wait_s``) and
+``wait_for_change`` (the console's live regions, console/live.py).
 
 Without PostgreSQL (SQLite in ``make run``), or while the listener is down
-(a database restart), a waiter falls back to reading the ticket every 0.5 s.
+(a database restart), ``wait_s`` falls back to reading the ticket every
+0.5 s and ``wait_for_change`` answers at once (the console polls instead).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ FALLBACK_POLL_S = 0.5
 # The listener closes its connection after this long without a waiter (and
 # opens it again for the next one): an idle web process holds no session.
 IDLE_CLOSE_S = 2.0
+# The key of a wait for any ticket's change; also the payload of a bulk load.
+ANY = "*"
 
 
 class _Hub:
@@ -38,10 +45,11 @@ class _Hub:
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
         self._stopping = False
+        self.generation = 0  # moves on at stop(): a waiter it woke reads nothing
 
-    def subscribe(self, ticket_id: uuid.UUID) -> threading.Event | None:
-        """An event set when the ticket's terminal transition commits, or
-        None when no listener is up (the caller polls)."""
+    def subscribe(self, ticket_id: uuid.UUID | str) -> threading.Event | None:
+        """An event set when an event of the ticket (or of any ticket, for
+        ``ANY``) commits, or None when no listener is up (the caller polls)."""
         if connection.vendor != "postgresql":
             return None
         event = threading.Event()
@@ -60,7 +68,7 @@ class _Hub:
             return None
         return event
 
-    def unsubscribe(self, ticket_id: uuid.UUID, event: threading.Event | None) -> None:
+    def unsubscribe(self, ticket_id: uuid.UUID | str, event: threading.Event | None) -> None:
         if event is None:
             return
         with self._lock:
@@ -72,16 +80,19 @@ class _Hub:
 
     def _wake(self, key: str | None) -> None:
         with self._lock:
-            if key is None:  # the listener lost its connection: everyone re-reads
+            if key is None or key == ANY:  # connection lost, or a bulk load: all re-read
                 events = [e for waiting in self._waiters.values() for e in waiting]
             else:
-                events = list(self._waiters.get(key, ()))
+                events = [*self._waiters.get(key, ()), *self._waiters.get(ANY, ())]
         for event in events:
             event.set()
 
     def stop(self) -> None:
-        """Close the listener (tests; a process that shuts down)."""
+        """Close the listener (tests; a process that shuts down). Waiters
+        wake and return without reading: the database may be going away."""
         self._stopping = True
+        self.generation += 1
+        self._wake(None)
         thread = self._thread
         if thread is not None:
             thread.join(timeout=5)
@@ -126,37 +137,58 @@ def wait_until_terminal(ticket, wait_s: float, load, is_terminal):
     holds of it or ``wait_s`` has passed; ``ticket`` is the caller's read."""
     deadline = time.monotonic() + wait_s
     ticket_id = ticket.id
-    while not is_terminal(ticket):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        event = _hub.subscribe(ticket_id)
-        try:
+    if is_terminal(ticket):
+        return ticket
+    event = _hub.subscribe(ticket_id)
+    try:
+        while True:
+            if event is not None:
+                event.clear()  # before the read: a change after it sets it again
             ticket = load(ticket_id)  # after subscribing: nothing slips between
-            if is_terminal(ticket):
-                break
+            left = deadline - time.monotonic()
+            if is_terminal(ticket) or left <= 0:
+                return ticket
             if event is None:
                 time.sleep(min(FALLBACK_POLL_S, left))
-            else:
-                # Hold no database session while waiting: a hundred waiters
-                # would otherwise pin a hundred connections (PostgreSQL's
-                # default max_connections is 100). One reconnect on waking.
-                if not connection.in_atomic_block:
-                    connection.close()
-                event.wait(left)
-            ticket = load(ticket_id)
-        finally:
-            _hub.unsubscribe(ticket_id, event)
-    return ticket
+                continue
+            # Hold no database session while waiting: a hundred waiters
+            # would otherwise pin a hundred connections (PostgreSQL's
+            # default max_connections is 100). One reconnect on waking.
+            if not connection.in_atomic_block:
+                connection.close()
+            if not event.wait(left):
+                return load(ticket_id)
+    finally:
+        _hub.unsubscribe(ticket_id, event)
+
+
+def wait_for_change(key: str, token: str, read_token, wait_s: float) -> tuple[str, bool] | None:
+    """Wait up to ``wait_s`` for ``read_token()`` to differ from ``token``,
+    woken by the events of ticket ``key`` (or of any ticket: ``ANY``).
+    Returns ``(current token, changed)``, or None when no listener is up
+    (SQLite, a database restart): the caller polls instead."""
+    event = _hub.subscribe(key)
+    if event is None:
+        return None
+    generation = _hub.generation
+    try:
+        current = read_token()  # after subscribing: nothing slips between
+        if current != token:
+            return current, True
+        if not connection.in_atomic_block:
+            connection.close()  # no session held while waiting
+        if not event.wait(wait_s) or _hub.generation != generation:
+            return token, False  # nothing happened (or the process stops): no read
+        current = read_token()
+        return current, current != token
+    finally:
+        _hub.unsubscribe(key, event)
+
+
+def unsupported() -> bool:
+    """No notifications on this database (SQLite): waits poll."""
+    return connection.vendor != "postgresql"
 
 
 def stop_listener() -> None:
     _hub.stop()
-
-
-def notify_terminal(ticket_id: uuid.UUID) -> None:
-    """Wake the waiters of ``ticket_id`` when the current transaction commits."""
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_notify(%s, %s)", [TICKET_CHANNEL, str(ticket_id)])

@@ -121,6 +121,36 @@ def poll_every(seconds: int) -> str:
     return f"every {override or seconds}s"
 
 
+# A live region refreshes on a timer this slow even while it watches: for
+# what no ticket event marks (an obligation falling overdue, a heartbeat).
+LIVE_SAFETY_S = 60
+
+
+@register.simple_tag(takes_context=True)
+def live(context, period: int, ticket=None, min_s: int = 1) -> str:
+    """The attributes of a live region (console/live.py): it refreshes when
+    a watch says the ticket (or, without ``ticket``, the ledger) changed
+    since ``live_token`` in the context, at most every ``min_s`` seconds;
+    polls every ``period`` seconds where watching is unavailable; and
+    refreshes every ``LIVE_SAFETY_S`` regardless. ``CONSOLE_REFRESH_S``
+    overrides both timers (the browser tests shorten them)."""
+    from django.conf import settings  # noqa: PLC0415
+    from django.urls import reverse  # noqa: PLC0415
+    from django.utils.http import urlencode  # noqa: PLC0415
+
+    override = getattr(settings, "CONSOLE_REFRESH_S", None)
+    url = reverse("live_watch") + (f"?{urlencode({'ticket': ticket})}" if ticket else "")
+    return format_html(
+        'hx-trigger="claimcheck:changed, every {}s" data-live-watch="{}" data-live-token="{}"'
+        ' data-live-period="{}" data-live-min="{}"',
+        override or LIVE_SAFETY_S,
+        url,
+        context.get("live_token", ""),
+        override or period,
+        min_s,
+    )
+
+
 _ISO_IN_TEXT = re.compile(
     r"\b(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})(?:\.\d+)?(Z|[+-]\d{2}:\d{2})?"
 )

@@ -33,6 +33,7 @@
   function setPaused(paused) {
     try { window.localStorage.setItem(KEY, paused ? "paused" : "on"); } catch (e) { /* private mode */ }
     showToggle();
+    document.dispatchEvent(new CustomEvent("claimcheck:live"));
   }
   function showToggle() {
     var button = document.getElementById("live-toggle");
@@ -175,11 +176,92 @@
   document.addEventListener("htmx:afterRequest", function (event) {
     if (event.detail.xhr && event.detail.xhr.claimcheckPoll && event.detail.successful) stamp();
   });
+
+  // Wake on a notification (issue 12; console/live.py). A region with
+  // data-live-watch asks the server to wait until what it shows changed
+  // (its data-live-token); the answer "changed" refreshes it, at most every
+  // data-live-min seconds, through the same htmx request a poll makes (so
+  // everything above holds), and the region it swaps in watches from its
+  // own token. "live": false (no notifications here, no slot free) polls on
+  // data-live-period until retry_s. Nothing watches while refresh is paused
+  // or the tab is hidden: a watch holds a server thread.
+  var lastRefresh = {}; // region id -> when it last asked for a refresh
+  var liveOffUntil = 0;
+  var watches = [];     // regions whose watch is in flight
+  function refreshSoon(region, delay) {
+    if (region.claimcheckTimer) return;
+    region.claimcheckTimer = window.setTimeout(function () {
+      region.claimcheckTimer = null;
+      if (!region.isConnected) return;
+      lastRefresh[region.id] = Date.now();
+      htmx.trigger(region, "claimcheck:changed");
+    }, Math.max(0, delay));
+  }
+  function watch(region) {
+    if (!region.isConnected || region.claimcheckWatch || region.claimcheckTimer) return;
+    if (isPaused() || document.hidden) return;
+    var period = (Number(region.dataset.livePeriod) || 10) * 1000;
+    if (Date.now() < liveOffUntil) { refreshSoon(region, period); return; }
+    var token = region.claimcheckToken !== undefined ? region.claimcheckToken : (region.dataset.liveToken || "");
+    var url = region.dataset.liveWatch;
+    url += (url.indexOf("?") < 0 ? "?" : "&") + "token=" + encodeURIComponent(token);
+    var control = new AbortController();
+    region.claimcheckWatch = control;
+    watches.push(region);
+    function done() {
+      region.claimcheckWatch = null;
+      watches = watches.filter(function (r) { return r !== region; });
+    }
+    fetch(url, { signal: control.signal, credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (!response.ok) throw new Error("watch answered " + response.status);
+        return response.json();
+      })
+      .then(function (answer) {
+        done();
+        if (!answer.live) {
+          liveOffUntil = Date.now() + (answer.retry_s ? answer.retry_s * 1000 : 36e5);
+          refreshSoon(region, period);
+          return;
+        }
+        region.claimcheckToken = answer.token;
+        if (!answer.changed) { watch(region); return; }
+        var min = (Number(region.dataset.liveMin) || 1) * 1000;
+        refreshSoon(region, (lastRefresh[region.id] || 0) + min - Date.now());
+      })
+      .catch(function (error) {
+        done();
+        // Aborted: the region left the page or refresh paused. Otherwise
+        // (logged out, server down) poll: the poll's own answer says why.
+        if (error.name !== "AbortError") refreshSoon(region, period);
+      });
+  }
+  function stopWatches(all) {
+    watches.slice().forEach(function (region) {
+      if (all || !region.isConnected) region.claimcheckWatch.abort();
+    });
+  }
+  function startWatches() {
+    stopWatches(false);
+    document.querySelectorAll("[data-live-watch]").forEach(watch);
+  }
+  // A refresh swapped in (new token), was held or failed, or a user's
+  // request ended: every region on the page watches again, once.
+  document.addEventListener("htmx:afterSettle", startWatches);
+  document.addEventListener("htmx:afterRequest", function () { window.setTimeout(startWatches, 0); });
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) stopWatches(true); else startWatches();
+  });
+  document.addEventListener("claimcheck:live", function () {
+    if (isPaused()) stopWatches(true); else startWatches();
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     showToggle();
     stamp();
     var button = document.getElementById("live-toggle");
     if (button) button.addEventListener("click", function () { setPaused(!isPaused()); });
+    startWatches();
   });
   window.claimcheckLive = { toggle: function () { setPaused(!isPaused()); } };
 })();

@@ -85,9 +85,20 @@ def page(browser, live_server):
     page.on("console", lambda msg: is_csp_violation(msg.text) and violations.append(msg.text))
     yield page
     context.close()
+    release_live_watches()
     purge_broker()  # admissions published dispatches that no worker will take
     assert not violations, "Content-Security-Policy violations:\n" + "\n".join(violations)
     assert not outside, f"requests outside the app: {outside}"
+
+
+def release_live_watches() -> None:
+    """A closed page's live-region watches still wait in the live server's
+    threads (a server does not see a client leave), and keep the listener's
+    session open: stopping the listener answers them without a read, so the
+    test database can be dropped (console/live.py)."""
+    from tickets import waits  # noqa: PLC0415
+
+    waits.stop_listener()
 
 
 def shot(page, name: str) -> None:

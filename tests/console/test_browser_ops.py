@@ -25,7 +25,7 @@ from tickets.admission import admit_ticket
 from tickets.models import DeliveryState, Ticket, TicketEvent, TicketState
 
 from .helpers import echo_endpoint, quarantined_case
-from .test_browser import PASSWORD, browser, log_in, page  # noqa: F401 - fixtures
+from .test_browser import PASSWORD, browser, log_in, page, release_live_watches  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -241,7 +241,7 @@ def test_a_refresh_in_flight_never_overwrites_the_answer_to_a_cancel(page, live_
         """() => { window.__pollsDue = 0;
              document.addEventListener("htmx:beforeRequest", (e) => {
                const trigger = e.detail.elt.getAttribute("hx-trigger") || "";
-               if (trigger.startsWith("every")) window.__pollsDue += 1; }); }"""
+               if (/(^|,)\\s*every\\s/.test(trigger)) window.__pollsDue += 1; }); }"""
     )
     held = []
     page.route(f"**/tickets/{ticket.id}/cancel/", lambda route: held.append(route))
@@ -277,6 +277,7 @@ def axe_page(browser, live_server):
     context.set_default_timeout(10_000)
     yield context.new_page()
     context.close()
+    release_live_watches()
 
 
 def test_a_held_slot_is_flagged_shown_on_the_workers_page_and_stopped_by_its_owner(

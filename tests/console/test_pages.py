@@ -194,8 +194,8 @@ def test_ticket_list_pages_by_keyset_cursor(client, viewer, echo, monkeypatch):
     assert str(ids[0]) in body
     assert str(ids[2]) not in body
     assert "Older" not in body  # the last page
-    # An older page holds still: only the first page polls.
-    assert 'hx-trigger="every' not in body
+    # An older page holds still: only the first page watches and polls.
+    assert "hx-trigger" not in body and "data-live-watch" not in body
 
 
 def test_ticket_list_reports_bad_filters_instead_of_failing(client, member, db):
@@ -662,8 +662,9 @@ def test_dashboard_queries_do_not_grow_with_the_ledger(
         admit_ticket(endpoint=echo.address, input={"n": n})
     # Capped counts per state, one read each for the other panels (the last
     # hour's admitted, finished and failures, and what awaits approval, too),
-    # and the capacity flags (the worker registry: a few rows per host).
-    with django_assert_max_num_queries(22):
+    # the capacity flags (the worker registry: a few rows per host), and the
+    # live region's change token (the ledger's newest event).
+    with django_assert_max_num_queries(23):
         assert client.get("/").status_code == 200
 
 

@@ -1,0 +1,95 @@
+"""Live regions that wake on a notification (issue 12), not on a timer.
+
+A live region of a console page carries a change token (``{% live %}``:
+a ticket's version and newest event, or the ledger's newest event for lists
+and the dashboard). console.js asks ``GET /console/live/?token=…`` (with
+``ticket=<id>`` for one ticket) and the request waits, woken by the NOTIFY
+every ticket event sends at commit (tickets/waits.py), for up to
+``CONSOLE_LIVE_WAIT_S``. It answers ``{"live": true, "changed": …,
+"token": …}``; on ``changed`` the page refreshes the region (at most every
+``data-live-min`` seconds) and watches again from the new token. A waiting
+watch costs no query and holds no database session, only a thread: at most
+``CONSOLE_LIVE_SLOTS`` per process, so the other threads keep serving.
+
+``{"live": false, "retry_s": …}`` (SQLite, the listener down, no slot free)
+sends the page back to polling on the region's own period until then. A
+60-second timer stays on every region regardless, for what no event marks
+(an obligation falling overdue, a worker's heartbeat going stale).
+
+Who may watch what: a console user, and for ``ticket=`` only a ticket they
+may see (404 otherwise, exactly as for an unknown id). A watch of the
+ledger wakes on any ticket's event and so tells its user that something
+changed, not what; the region they then refresh shows only what they may
+see.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from django.conf import settings
+from django.http import Http404, JsonResponse
+
+from tickets import selectors as ticket_selectors
+from tickets import waits
+
+TOKEN_MAX = 64
+_slots_lock = threading.Lock()
+_slots: threading.BoundedSemaphore | None = None
+_slots_size = 0
+
+
+def _slot() -> threading.BoundedSemaphore:
+    global _slots, _slots_size  # noqa: PLW0603 - one semaphore per process, sized by settings
+    size = max(0, settings.CONSOLE_LIVE_SLOTS)
+    with _slots_lock:
+        if _slots is None or _slots_size != size:  # tests change the setting
+            _slots, _slots_size = threading.BoundedSemaphore(size or 1), size
+        return _slots
+
+
+def _answer(**body) -> JsonResponse:
+    response = JsonResponse(body)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def watch(request):
+    if not request.user.is_authenticated:
+        response = JsonResponse({"error": "unauthenticated", "detail": "Log in again."}, status=401)
+        response["Cache-Control"] = "no-store"
+        return response
+    token = request.GET.get("token", "")[:TOKEN_MAX]
+    ticket_id = request.GET.get("ticket")
+    if ticket_id:
+        ticket = _uuid(ticket_id)
+        if not ticket_selectors.visible_tickets(request.user).filter(id=ticket).exists():
+            raise Http404("ticket not found")
+        key = str(ticket)  # as the NOTIFY payload spells it
+
+        def read():
+            return ticket_selectors.change_token(ticket)
+    else:
+        key = waits.ANY
+        read = ticket_selectors.ledger_change_token
+    if settings.CONSOLE_LIVE_SLOTS <= 0:
+        return _answer(live=False, retry_s=None)
+    slots = _slot()
+    if not slots.acquire(blocking=False):
+        return _answer(live=False, retry_s=30)
+    try:
+        outcome = waits.wait_for_change(key, token, read, settings.CONSOLE_LIVE_WAIT_S)
+    finally:
+        slots.release()
+    if outcome is None:  # SQLite never listens; a listener that is down comes back
+        return _answer(live=False, retry_s=None if waits.unsupported() else 10)
+    current, changed = outcome
+    return _answer(live=True, changed=changed, token=current)
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise Http404("ticket not found") from None

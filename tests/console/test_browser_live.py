@@ -1,0 +1,93 @@
+"""Live regions in a real browser wake on a notification (issue 12): with
+the timers at their production periods (a 60 s safety refresh; 5 s and 10 s
+only where watching is unavailable), a change shows within a second or two
+and an idle page makes no region request at all (console/live.py)."""
+
+# ruff: noqa: F811 - the fixtures imported from test_browser are parameters here
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db import connection
+from playwright.sync_api import expect
+
+from console.owners import create_owner
+from tickets import lifecycle
+from tickets.admission import admit_ticket
+
+from .helpers import echo_endpoint
+from .test_browser import PASSWORD, browser, log_in, page  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def production_periods(settings):
+    if connection.vendor != "postgresql":
+        pytest.skip("notifications need PostgreSQL")
+    settings.CONSOLE_REFRESH_S = None
+
+
+def region_requests(page) -> list[str]:
+    """The htmx region requests (refreshes) and the watches, from now on."""
+    seen: list[str] = []
+    page.on(
+        "request",
+        lambda r: seen.append(("watch " if "/live/" in r.url else "region ") + r.url)
+        if r.headers.get("hx-request") or "/live/" in r.url
+        else None,
+    )
+    return seen
+
+
+def test_the_ticket_page_shows_a_change_at_once_and_is_quiet_meanwhile(page, live_server):
+    echo_endpoint("web.live")
+    ticket = admit_ticket(endpoint="web.live", input={"q": "watch"}).ticket
+    create_owner(username="olive", password=PASSWORD, endpoints=["web.live"])
+    log_in(page, live_server, f"/tickets/{ticket.id}/", "olive", PASSWORD)
+    state = page.locator("#ticket dl.kv").first
+    expect(state).to_contain_text("queued")
+    seen = region_requests(page)
+    page.wait_for_function(
+        "() => document.getElementById('ticket').claimcheckWatch", timeout=5_000
+    )  # watching: a request waits on the server
+    page.wait_for_timeout(6_000)  # longer than the old 5 s poll
+    assert [s for s in seen if s.startswith("region")] == [], seen
+
+    lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="changed elsewhere")
+    changed = time.monotonic()
+    expect(state).to_contain_text("cancelled", timeout=4_000)
+    assert time.monotonic() - changed < 4
+    assert len([s for s in seen if s.startswith("region")]) == 1, seen
+    # A finished ticket holds still: nothing watches it any more.
+    page.wait_for_timeout(500)
+    assert page.locator("[data-live-watch]").count() == 0
+
+
+def test_the_dashboard_shows_a_new_ticket_without_waiting_for_a_timer(page, live_server):
+    echo_endpoint("web.dash")
+    create_owner(username="olive", password=PASSWORD, endpoints=["web.dash"])
+    log_in(page, live_server, "/", "olive", PASSWORD)
+    page.wait_for_function(
+        "() => document.getElementById('live').claimcheckWatch", timeout=5_000
+    )
+    ticket = admit_ticket(endpoint="web.dash", input={"q": "new"}).ticket
+    expect(page.locator("#live")).to_contain_text(str(ticket.id)[-8:], timeout=4_000)
+
+
+def test_paused_refresh_watches_nothing(page, live_server):
+    echo_endpoint("web.pause")
+    ticket = admit_ticket(endpoint="web.pause", input={"q": "held"}).ticket
+    create_owner(username="olive", password=PASSWORD, endpoints=["web.pause"])
+    log_in(page, live_server, f"/tickets/{ticket.id}/", "olive", PASSWORD)
+    page.wait_for_function("() => document.getElementById('ticket').claimcheckWatch")
+    page.get_by_role("button", name="Live refresh: on").click()
+    page.wait_for_function("() => !document.getElementById('ticket').claimcheckWatch")
+    seen = region_requests(page)
+    lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="while paused")
+    page.wait_for_timeout(2_000)
+    assert seen == [] and "queued" in page.locator("#ticket dl.kv").first.inner_text()
+    page.get_by_role("button", name="Live refresh: paused").click()
+    # Back on: the watch finds the token stale at once and the page catches up.
+    expect(page.locator("#ticket dl.kv").first).to_contain_text("cancelled", timeout=4_000)
