@@ -34,9 +34,11 @@ def region_requests(page) -> list[str]:
     seen: list[str] = []
     page.on(
         "request",
-        lambda r: seen.append(("watch " if "/live/" in r.url else "region ") + r.url)
-        if r.headers.get("hx-request") or "/live/" in r.url
-        else None,
+        lambda r: (
+            seen.append(("watch " if "/live/" in r.url else "region ") + r.url)
+            if r.headers.get("hx-request") or "/live/" in r.url
+            else None
+        ),
     )
     return seen
 
@@ -69,9 +71,7 @@ def test_the_dashboard_shows_a_new_ticket_without_waiting_for_a_timer(page, live
     echo_endpoint("web.dash")
     create_owner(username="olive", password=PASSWORD, endpoints=["web.dash"])
     log_in(page, live_server, "/", "olive", PASSWORD)
-    page.wait_for_function(
-        "() => document.getElementById('live').claimcheckWatch", timeout=5_000
-    )
+    page.wait_for_function("() => document.getElementById('live').claimcheckWatch", timeout=5_000)
     ticket = admit_ticket(endpoint="web.dash", input={"q": "new"}).ticket
     expect(page.locator("#live")).to_contain_text(str(ticket.id)[-8:], timeout=4_000)
 
