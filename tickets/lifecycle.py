@@ -20,6 +20,7 @@ from django.utils import timezone
 from config import observe
 from config.errors import InvalidTransition, NotFound
 
+from . import waits
 from .models import (
     TERMINAL_STATES,
     TICKET_EDGES,
@@ -44,7 +45,9 @@ def append_event(
     turn_id: uuid.UUID | None = None,
     detail: dict[str, Any] | None = None,
 ) -> TicketEvent:
-    return TicketEvent.objects.create(
+    """Record an event of the ticket and wake its watchers at commit (the
+    API's ``wait_s``, the console's live regions: tickets/waits.py)."""
+    event = TicketEvent.objects.create(
         ticket_id=ticket_id,
         kind=kind,
         from_state=from_state,
@@ -54,6 +57,8 @@ def append_event(
         detail=detail or {},
         at=timezone.now(),
     )
+    waits.notify_changed(ticket_id)
+    return event
 
 
 def transition(

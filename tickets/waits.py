@@ -1,10 +1,15 @@
 """Waiting for a ticket to change or end, without polling the ledger.
 
 Every ticket event NOTIFYs ``TICKET_CHANNEL`` with its ticket's id when its
-transaction commits (a trigger: tickets migration 0015); a bulk load sends
-``*``. One listener thread per web process holds the only LISTEN connection
-and wakes the requests waiting on that id, and those waiting on any change
-(``ANY``: the console's lists and dashboard). A waiting request reads once
+transaction commits: ``lifecycle.append_event`` (``notify_changed``) and the
+turn's start and finish statements, in the statement itself. An admission
+does not: its statement already wakes the dispatcher (``DISPATCH_CHANNEL``),
+and nobody can be waiting on a ticket before it exists, so that
+notification stands for "a ticket was admitted". One listener thread per
+web process holds the only LISTEN connection (both channels) and wakes the
+requests waiting on that id, and those waiting on any change (``ANY``: the
+console's lists and dashboard), which every notification of either channel
+wakes. A waiting request reads once
 after it subscribed (so a change that committed in between is not missed)
 and once after it wakes: it costs no queries while it waits, and holds no
 database connection (it closes its own, outside a transaction).
@@ -27,6 +32,8 @@ from collections import defaultdict
 
 from django.db import connection
 
+from config.dispatch import DISPATCH_CHANNEL
+
 log = logging.getLogger(__name__)
 
 TICKET_CHANNEL = "claimcheck_ticket"
@@ -34,7 +41,7 @@ FALLBACK_POLL_S = 0.5
 # The listener closes its connection after this long without a waiter (and
 # opens it again for the next one): an idle web process holds no session.
 IDLE_CLOSE_S = 2.0
-# The key of a wait for any ticket's change; also the payload of a bulk load.
+# The key of a wait for any ticket's change.
 ANY = "*"
 
 
@@ -80,10 +87,12 @@ class _Hub:
 
     def _wake(self, key: str | None) -> None:
         with self._lock:
-            if key is None or key == ANY:  # connection lost, or a bulk load: all re-read
+            if key is None:  # the listener lost its connection: everyone re-reads
                 events = [e for waiting in self._waiters.values() for e in waiting]
             else:
-                events = [*self._waiters.get(key, ()), *self._waiters.get(ANY, ())]
+                events = list(self._waiters.get(ANY, ()))
+                if key != ANY:
+                    events += self._waiters.get(key, ())
         for event in events:
             event.set()
 
@@ -105,11 +114,14 @@ class _Hub:
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {TICKET_CHANNEL}")
+                    conn.execute(f"LISTEN {DISPATCH_CHANNEL}")
                     self._listening.set()
                     idle_since = None
                     while not self._stopping:
                         for note in conn.notifies(timeout=0.5):
-                            self._wake(note.payload)
+                            # An admission (or a release) wakes the dispatcher:
+                            # some ticket changed, whose id it does not say.
+                            self._wake(note.payload if note.channel == TICKET_CHANNEL else ANY)
                         with self._lock:
                             waiting = bool(self._waiters)
                         if waiting:
@@ -192,3 +204,12 @@ def unsupported() -> bool:
 
 def stop_listener() -> None:
     _hub.stop()
+
+
+def notify_changed(ticket_id: uuid.UUID) -> None:
+    """Wake the watchers of ``ticket_id`` when the current transaction
+    commits (PostgreSQL folds repeats within a transaction into one)."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_notify(%s, %s)", [TICKET_CHANNEL, str(ticket_id)])

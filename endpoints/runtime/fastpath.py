@@ -21,12 +21,11 @@ guard does not hold writes nothing:
   token ``seq``, the turn's own ``seq`` equal and its state ``running``;
   then the turn ends, the context entry, the ticket's terminal transition
   and event, the delivery record and its event, the release of the lock,
-  the next marked ticket unmarked (or the dispatcher woken), and, in a
-  worker, its registry slot (busy at the start, idle at the finish); the
-  events notify the ticket's waiters (tickets migration 0015). Anything
-  else (a stale or foreign outcome, a duplicate finish, an interrupted
-  turn, children, callbacks, resumes) finds no row and goes to the general
-  path, which sorts it out as before.
+  the next marked ticket unmarked (or the dispatcher woken) and the
+  ticket's watchers notified (and, in a worker, its registry slot: busy at
+  the start, idle at the finish). Anything else (a stale or foreign outcome, a duplicate
+  finish, an interrupted turn, children, callbacks, resumes) finds no row
+  and goes to the general path, which sorts it out as before.
 
 One statement reads every table with one snapshot, taken before it waits
 for a row lock; a row it locks or updates is re-read at its latest version
@@ -188,6 +187,9 @@ ev AS (
         jsonb_build_object('seq', u.seq),
         u.started_at
     FROM tu t, tn u
+    -- Every event wakes its ticket's watchers (tickets/waits.py) at commit:
+    -- evaluated for the row inserted, though nothing reads it.
+    RETURNING pg_notify('claimcheck_ticket', ticket_id::text)
 ),
 -- The message was used up without starting its ticket: the next release
 -- publishes it (lock held, endpoint not available, or an older ticket first).
@@ -340,7 +342,7 @@ sl AS (
     SET turn_id = EXCLUDED.turn_id, since = EXCLUDED.since, updated_at = EXCLUDED.updated_at
 )
 SELECT t.id, (SELECT id FROM nx), (SELECT count(*) FROM nt),
-    dl.id, dl.due, (SELECT count(*) FROM rl)
+    pg_notify('claimcheck_ticket', t.id::text) IS NULL, dl.id, dl.due, (SELECT count(*) FROM rl)
 FROM tu t, dl
 """
 
@@ -413,7 +415,7 @@ def finish(
     row = _execute(sql, params)
     if row is None:
         return None
-    _ticket, next_ticket, _woke, delivery, due, released = row
+    _ticket, next_ticket, _woke, _notified, delivery, due, released = row
     if released != 1:  # the lock row was checked in the same statement: a miss is a bug
         raise RuntimeError(f"lock of endpoint {endpoint_id} not released by turn {turn_id}")
     return next_ticket, delivery, bool(due)
