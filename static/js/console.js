@@ -225,7 +225,7 @@
           return;
         }
         region.claimcheckToken = answer.token;
-        if (!answer.changed) { watch(region); return; }
+        if (!answer.changed) { stamp(); watch(region); return; } // current as of now
         var min = (Number(region.dataset.liveMin) || 1) * 1000;
         refreshSoon(region, (lastRefresh[region.id] || 0) + min - Date.now());
       })

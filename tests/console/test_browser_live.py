@@ -43,7 +43,8 @@ def region_requests(page) -> list[str]:
     return seen
 
 
-def test_the_ticket_page_shows_a_change_at_once_and_is_quiet_meanwhile(page, live_server):
+def test_the_ticket_page_shows_a_change_at_once_and_is_quiet_meanwhile(page, live_server, settings):
+    settings.CONSOLE_LIVE_WAIT_S = 2  # a few watch cycles while the page idles
     echo_endpoint("web.live")
     ticket = admit_ticket(endpoint="web.live", input={"q": "watch"}).ticket
     create_owner(username="olive", password=PASSWORD, endpoints=["web.live"])
@@ -54,8 +55,12 @@ def test_the_ticket_page_shows_a_change_at_once_and_is_quiet_meanwhile(page, liv
     page.wait_for_function(
         "() => document.getElementById('ticket').claimcheckWatch", timeout=5_000
     )  # watching: a request waits on the server
+    heard_at = page.locator("#live-updated-at").get_attribute("datetime")
     page.wait_for_timeout(6_000)  # longer than the old 5 s poll
     assert [s for s in seen if s.startswith("region")] == [], seen
+    assert len([s for s in seen if s.startswith("watch")]) >= 2, seen
+    # Each watch that found nothing changed says the page is current.
+    assert page.locator("#live-updated-at").get_attribute("datetime") > heard_at
 
     lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="changed elsewhere")
     changed = time.monotonic()
