@@ -6,6 +6,15 @@ same run. The ratio of the two p50s is the figure (1.0: waiters cost the
 other requests nothing).
 
     .venv/bin/python bench/waiters.py [--waiters 100] [--threads 64] [-w 2] [--gets 200]
+    .venv/bin/python bench/waiters.py --console-tabs 100 --threads 4 -w 5
+
+``--console-tabs N``: the waiters are N console pages' live-region watches
+(``GET /live/``, a staff user's session; console/live.py) instead, on the
+production process model (``deploy/gunicorn.conf.py``: 2 x cores + 1
+processes of 4 threads): each process holds at most ``CONSOLE_LIVE_SLOTS``
+(2) of them, and the rest are answered at once ("live": false: those pages
+poll), so the API keeps the other threads. Printed: how many watches were
+held and how many sent back, beside the same ratio.
 
 Server: gunicorn ``gthread``, ``-w`` workers x ``--threads`` threads (a
 waiter occupies a thread, not a process, and holds no database connection
@@ -67,6 +76,7 @@ def main() -> None:
     parser.add_argument("-w", "--workers", type=int, default=2)
     parser.add_argument("--gets", type=int, default=200)
     parser.add_argument("--wait-s", type=float, default=20.0)
+    parser.add_argument("--console-tabs", type=int, default=0, help="watches, not wait_s")
     args = parser.parse_args()
     benchlib.start_wall_clock(600)
     benchlib.use_database("claimcheck_bench_waiters")
@@ -79,6 +89,18 @@ def main() -> None:
 
     create_endpoint(address=ADDRESS, runner={"kind": "python", "path": "endpoints.demo.echo"})
     _, key = create_api_key(username="bench-waiters")
+    cookie = ""
+    if args.console_tabs:
+        from django.conf import settings
+        from django.contrib.auth import get_user_model
+        from django.test import Client
+
+        staff = get_user_model().objects.create_user("bench-tabs", is_staff=True)
+        client = Client()
+        client.force_login(staff)
+        cookie = (
+            f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+        )
     connection.close()
     port = free_port()
     log_dir = Path(tempfile.mkdtemp(prefix="claimcheck-bench-waiters-"))
@@ -87,6 +109,7 @@ def main() -> None:
     # A thread keeps no session between requests: 128 threads must not pin
     # 128 of the shared server's 100 connections.
     env["DB_CONN_MAX_AGE"] = "0"
+    env["CONSOLE_LIVE_WAIT_S"] = str(args.wait_s)
     server = benchlib.Proc(
         "bench-gunicorn-gthread",
         [sys.executable, "-m", "gunicorn", "config.wsgi:application",
@@ -112,14 +135,34 @@ def main() -> None:
         probe = json.loads(data)["id"]
         time_gets(port, key, str(probe), 50)  # warm every worker
         quiet = time_gets(port, key, str(probe), args.gets)
-        results: list[int] = []
+        results: list = []
+        waiters = args.console_tabs or args.waiters
+        if args.console_tabs:  # what the pages show: nothing changes meanwhile
+            from tickets.selectors import ledger_change_token
+
+            token = ledger_change_token()
+            connection.close()
 
         def waiter(i: int) -> None:
+            if args.console_tabs:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+                started = time.monotonic()
+                conn.request("GET", f"/live/?token={token}", headers={"Cookie": cookie})
+                answer = json.loads(conn.getresponse().read())
+                conn.close()
+                waited = time.monotonic() - started
+                if answer.get("live") and not answer.get("changed") and waited >= args.wait_s * 0.9:
+                    results.append("held")
+                elif not answer.get("live"):
+                    results.append("sent back")
+                else:
+                    results.append(f"other {answer} after {waited:.1f} s")
+                return
             body = {"endpoint": ADDRESS, "input": {"w": i}, "wait_s": args.wait_s}
             status, _, _ = request(port, "POST", "/api/v1/tickets", key, body)
             results.append(status)
 
-        threads = [threading.Thread(target=waiter, args=(i,)) for i in range(args.waiters)]
+        threads = [threading.Thread(target=waiter, args=(i,)) for i in range(waiters)]
         for t in threads:  # staggered: admissions never need 100 sessions at once
             t.start()
             time.sleep(0.02)
@@ -132,6 +175,18 @@ def main() -> None:
         server.stop()
         benchlib.drop_database()
     ratio = quiet["p50_ms"] / busy["p50_ms"]
+    if args.console_tabs:
+        held = results.count("held")
+        others = [r for r in results if r.startswith("other")]
+        print(
+            f"{args.console_tabs} console watches on {args.workers} x {args.threads} threads: "
+            f"{held} held (waiting {args.wait_s:.0f} s), {results.count('sent back')} sent "
+            f"back to polling at once, other: {others[:3]}; "
+            f"GET p50 {quiet['p50_ms']:.1f} ms quiet, "
+            f"{busy['p50_ms']:.1f} ms meanwhile (p99 {quiet['p99_ms']:.1f} / "
+            f"{busy['p99_ms']:.1f} ms): ratio quiet/busy p50 {ratio:.2f}"
+        )
+        return
     print(
         f"GET /api/v1/tickets/{{id}} with nobody waiting: p50 {quiet['p50_ms']:.1f} ms "
         f"p99 {quiet['p99_ms']:.1f} ms; with {args.waiters} wait_s callers waiting "
