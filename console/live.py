@@ -30,6 +30,7 @@ import uuid
 
 from django.conf import settings
 from django.http import Http404, JsonResponse
+from django.views.decorators.http import require_GET
 
 from tickets import selectors as ticket_selectors
 from tickets import waits
@@ -55,6 +56,7 @@ def _answer(**body) -> JsonResponse:
     return response
 
 
+@require_GET
 def watch(request):
     if not request.user.is_authenticated:
         response = JsonResponse({"error": "unauthenticated", "detail": "Log in again."}, status=401)

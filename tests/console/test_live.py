@@ -170,6 +170,7 @@ def test_a_strangers_ticket_is_404_and_no_session_is_401(olive, django_user_mode
     anonymous = Client().get(URL, {"ticket": str(ticket.id)})
     assert anonymous.status_code == 401
     assert anonymous.json()["error"] == "unauthenticated"
+    assert logged_in(olive).post(URL, {"token": "1"}).status_code == 405
 
 
 def test_a_process_holds_no_more_watches_than_its_slots(olive, settings):
