@@ -75,8 +75,11 @@ def test_back_to_back_turns_start_no_thread_and_an_idle_process_holds_no_session
     before = heartbeats._thread()
     wait_for(lambda: not before._connected, timeout=10, message="an idle heartbeat thread")
     sessions = _sessions_of_this_process()  # other threads' (a live server's, say)
-    for _ in range(3):  # a beat every 0.33 s: each turn beats at least once
-        ticket = admit_ticket(endpoint="hbseq", input={"seconds": 0.5}).ticket
+    # A beat every 0.33 s, a turn of 1 s: each turn beats at least once, also
+    # when the first beat must open a session on a loaded machine (with 0.5 s
+    # turns, a CI run once saw a turn end before its first beat).
+    for _ in range(3):
+        ticket = admit_ticket(endpoint="hbseq", input={"seconds": 1.0}).ticket
         turn = Turn.objects.get(id=runtime.run_ticket(ticket_id=ticket.id))
         assert turn.heartbeat_at > turn.started_at  # the shared thread beat it
     assert heartbeats._thread() is before and before.is_alive()
