@@ -43,15 +43,15 @@ _slots_size = 0
 
 def _slot() -> threading.BoundedSemaphore:
     global _slots, _slots_size  # noqa: PLW0603 - one semaphore per process, sized by settings
-    size = max(0, settings.CONSOLE_LIVE_SLOTS)
+    size = settings.CONSOLE_LIVE_SLOTS
     with _slots_lock:
         if _slots is None or _slots_size != size:  # tests change the setting
-            _slots, _slots_size = threading.BoundedSemaphore(size or 1), size
+            _slots, _slots_size = threading.BoundedSemaphore(size), size
         return _slots
 
 
-def _answer(**body) -> JsonResponse:
-    response = JsonResponse(body)
+def _answer(status: int = 200, **body) -> JsonResponse:
+    response = JsonResponse(body, status=status)
     response["Cache-Control"] = "no-store"
     return response
 
@@ -59,9 +59,7 @@ def _answer(**body) -> JsonResponse:
 @require_GET
 def watch(request):
     if not request.user.is_authenticated:
-        response = JsonResponse({"error": "unauthenticated", "detail": "Log in again."}, status=401)
-        response["Cache-Control"] = "no-store"
-        return response
+        return _answer(401, error="unauthenticated", detail="Log in again.")
     token = request.GET.get("token", "")[:TOKEN_MAX]
     ticket_id = request.GET.get("ticket")
     if ticket_id:

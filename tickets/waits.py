@@ -9,10 +9,10 @@ notification stands for "a ticket was admitted". One listener thread per
 web process holds the only LISTEN connection (both channels) and wakes the
 requests waiting on that id, and those waiting on any change (``ANY``: the
 console's lists and dashboard), which every notification of either channel
-wakes. A waiting request reads once
-after it subscribed (so a change that committed in between is not missed)
-and once after it wakes: it costs no queries while it waits, and holds no
-database connection (it closes its own, outside a transaction).
+wakes. A waiting request reads once after it subscribed (so a change that
+committed in between is not missed) and once after it wakes: it costs no
+queries while it waits, and holds no database connection (it closes its
+own, outside a transaction).
 
 Two waits use it: ``wait_until_terminal`` (the API's ``wait_s``) and
 ``wait_for_change`` (the console's live regions, console/live.py).
@@ -57,7 +57,7 @@ class _Hub:
     def subscribe(self, ticket_id: uuid.UUID | str) -> threading.Event | None:
         """An event set when an event of the ticket (or of any ticket, for
         ``ANY``) commits, or None when no listener is up (the caller polls)."""
-        if connection.vendor != "postgresql":
+        if unsupported():
             return None
         event = threading.Event()
         with self._lock:
@@ -209,7 +209,7 @@ def stop_listener() -> None:
 def notify_changed(ticket_id: uuid.UUID) -> None:
     """Wake the watchers of ``ticket_id`` when the current transaction
     commits (PostgreSQL folds repeats within a transaction into one)."""
-    if connection.vendor != "postgresql":
+    if unsupported():
         return
     with connection.cursor() as cur:
         cur.execute("SELECT pg_notify(%s, %s)", [TICKET_CHANNEL, str(ticket_id)])

@@ -115,10 +115,14 @@ def poll_every(seconds: int) -> str:
     """The ``hx-trigger`` of a live region: ``every Ns``. The optional
     ``CONSOLE_REFRESH_S`` setting overrides every page's period (the browser
     tests shorten it); console.js skips a poll while refresh is paused."""
+    return f"every {_refresh_s(seconds)}s"
+
+
+def _refresh_s(seconds: int) -> int:
+    """A live region's timer, or ``CONSOLE_REFRESH_S`` where it is set."""
     from django.conf import settings  # noqa: PLC0415
 
-    override = getattr(settings, "CONSOLE_REFRESH_S", None)
-    return f"every {override or seconds}s"
+    return getattr(settings, "CONSOLE_REFRESH_S", None) or seconds
 
 
 # A live region refreshes on a timer this slow even while it watches: for
@@ -134,19 +138,17 @@ def live(context, period: int, ticket=None, min_s: int = 1) -> str:
     polls every ``period`` seconds where watching is unavailable; and
     refreshes every ``LIVE_SAFETY_S`` regardless. ``CONSOLE_REFRESH_S``
     overrides both timers (the browser tests shorten them)."""
-    from django.conf import settings  # noqa: PLC0415
     from django.urls import reverse  # noqa: PLC0415
     from django.utils.http import urlencode  # noqa: PLC0415
 
-    override = getattr(settings, "CONSOLE_REFRESH_S", None)
     url = reverse("live_watch") + (f"?{urlencode({'ticket': ticket})}" if ticket else "")
     return format_html(
-        'hx-trigger="claimcheck:changed, every {}s" data-live-watch="{}" data-live-token="{}"'
+        'hx-trigger="claimcheck:changed, {}" data-live-watch="{}" data-live-token="{}"'
         ' data-live-period="{}" data-live-min="{}"',
-        override or LIVE_SAFETY_S,
+        poll_every(LIVE_SAFETY_S),
         url,
         context.get("live_token", ""),
-        override or period,
+        _refresh_s(period),
         min_s,
     )
 
