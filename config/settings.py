@@ -341,6 +341,11 @@ RUNNER_PYTHON_ALLOWED_PREFIXES = env.list(
     "RUNNER_PYTHON_ALLOWED_PREFIXES", default=["endpoints.demo."]
 )
 RUNNER_COMMAND_ALLOWED = env.list("RUNNER_COMMAND_ALLOWED", default=[])
+# Named secrets a runner may reference (config/secrets.py): a file of
+# NAME=value lines on the worker host, and the environment variables a
+# runner may name (nothing else in the environment is reachable).
+RUNNER_SECRETS_FILE = env.str("RUNNER_SECRETS_FILE", default="")
+RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
 
 # --- Celery -------------------------------------------------------------------
 # The longest turn budget (and grace, heartbeat timeout) an endpoint may have:
