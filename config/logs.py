@@ -191,6 +191,9 @@ def logging_config(*, fmt: str, level: str) -> dict[str, Any]:
             # Celery's own loggers propagate to the root handler (the worker
             # does not hijack the root logger: config/celery.py).
             "celery": {"level": level},
+            # The MCP SDK logs the start and end of every request's server
+            # (config/mcp.py runs one per request) at INFO.
+            "mcp": {"level": "WARNING"},
         },
     }
 

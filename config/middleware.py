@@ -140,7 +140,7 @@ def body_too_large(request) -> JsonResponse | None:
 
 
 def _wants_json(request) -> bool:
-    return request.path.startswith(("/api/", "/healthz", "/readyz"))
+    return request.path.startswith(("/api/", "/healthz", "/readyz", "/mcp"))
 
 
 def unavailable_response(request, exc: BaseException) -> HttpResponse:

@@ -3,6 +3,7 @@ from django.http import JsonResponse
 from django.urls import include, path, re_path
 
 from config.api import api
+from config.mcp import mcp_view
 from config.metrics import metrics_view
 from health import views as health_views
 
@@ -21,6 +22,8 @@ urlpatterns = [
     # Prometheus: METRICS_ALLOWED_IPS / METRICS_BEARER_TOKEN, else 404.
     path("metrics", metrics_view, name="metrics"),
     path("api/v1/", api.urls),
+    # The MCP server (Streamable HTTP, stateless, JSON answers): docs/mcp.md.
+    path("mcp", mcp_view, name="mcp"),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),
     path("", include("console.urls")),
 ]
