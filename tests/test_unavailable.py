@@ -126,3 +126,43 @@ def test_a_programming_error_is_still_a_500_internal(api, monkeypatch):
     response = client.get("/api/v1/endpoints/x", HTTP_AUTHORIZATION=f"Bearer {api.key}")
     assert response.status_code == 500
     assert json.loads(response.content)["error"] == "internal"
+
+
+def test_mcp_during_an_outage_is_503_or_an_unavailable_tool_error(
+    client, api_key, make_endpoint, settings
+):
+    """/mcp (config/mcp.py): an outage while the key is checked is the same
+    503 as the API's; one inside a tool is a tool error ``unavailable`` with
+    ``retry_after`` (the HTTP exchange itself succeeded)."""
+    make_endpoint("up")
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "list_tickets", "arguments": {"endpoint": "up"}},
+        }
+    )
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {api_key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+        "HTTP_MCP_PROTOCOL_VERSION": "2025-06-18",
+    }
+    with database_down():
+        response = client.post("/mcp", body, content_type="application/json", **headers)
+    assert_unavailable_json(response)
+    with database_down(lambda sql: "tickets_ticket" in sql):
+        response = client.post("/mcp", body, content_type="application/json", **headers)
+    assert response.status_code == 200
+    result = response.json()["result"]
+    assert result["isError"] is True
+    failed = result["structuredContent"]
+    retry_after = max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
+    assert (failed["error"], failed["status"], failed["retry_after"]) == (
+        "unavailable",
+        503,
+        retry_after,
+    )
+    assert "5432" not in response.content.decode()
+    response = client.post("/mcp", body, content_type="application/json", **headers)
+    assert response.json()["result"]["structuredContent"] == {"items": [], "next_cursor": None}
