@@ -51,6 +51,14 @@ class SubmitIn(api.TicketIn):
             "another input is dedupe_conflict. Reuse it when you retry."
         ),
     )
+    wait_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=WAIT_CAP_S,
+        strict=True,
+        description="Wait up to this many seconds (at most 60) for a terminal state before "
+        "answering; the ticket is returned as it then stands.",
+    )
 
 
 class TicketIdIn(Strict):

@@ -82,8 +82,14 @@ def test_submit_wait_and_lineage_and_a_stranger_finds_nothing(
             error, again = await call(client, "submit_ticket", **args)
             assert not error and (again["id"], again["duplicate"]) == (ticket["id"], True)
 
-            error, done = await call(client, "wait_for_ticket", ticket_id=ticket["id"], wait_s=45)
+            # Two requests at once (two server threads, one SDK server): the
+            # wait, and a read while it waits.
+            (error, done), (read_error, read) = await asyncio.gather(
+                call(client, "wait_for_ticket", ticket_id=ticket["id"], wait_s=45),
+                call(client, "get_ticket", ticket_id=ticket["id"]),
+            )
             assert not error and done["state"] == "succeeded", done
+            assert not read_error and read["id"] == ticket["id"]
             error, lineage = await call(client, "get_lineage", ticket_id=ticket["id"])
             assert not error and lineage["root"] == ticket["id"]
             children = [n for n in lineage["nodes"] if n["parent"] == ticket["id"]]
@@ -186,6 +192,7 @@ def test_bad_input_is_a_tool_error_with_the_apis_code(
                 (S, {**submit, "input": {"a": "x\x00y"}}, 400, invalid("arguments.input.a")),
                 (S, {**submit, "dedupe_key": "tab\there"}, 400, invalid("dedupe_key")),
                 (S, {**submit, "wait_s": 21}, 400, invalid("wait_s")),
+                (S, {**submit, "wait_s": 61}, 422, invalid("wait_s")),
                 (S, {**submit, "endpoint": "mcp.nowhere"}, 404, None),
                 (S, {**submit, "dedupe_key": "d"}, 409, lambda r: r["ticket"] == queued["id"]),
                 (S, {**submit, "endpoint": "mcp.stuck"}, 423, lambda r: r["case"] == case),
