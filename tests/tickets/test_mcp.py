@@ -20,6 +20,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from tests.client.conftest import Ledger
 
@@ -65,6 +66,8 @@ def test_submit_wait_and_lineage_and_a_stranger_finds_nothing(
 
     async def as_alice() -> dict[str, Any]:
         async with connect(live_server.url, alice) as client:
+            # The client discovers the current protocol revision (no handshake).
+            assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
             names = {tool.name for tool in (await client.list_tools()).tools}
             assert names >= {
                 "submit_ticket",
@@ -134,7 +137,7 @@ def test_submit_wait_and_lineage_and_a_stranger_finds_nothing(
     asyncio.run(as_mallory())
 
 
-def test_without_a_valid_key_mcp_is_401(live_server, make_endpoint):
+def test_without_a_valid_key_mcp_is_401(live_server):
     url = f"{live_server.url}/mcp"
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     headers = {"Accept": "application/json, text/event-stream"}
@@ -171,6 +174,7 @@ def test_bad_input_is_a_tool_error_with_the_apis_code(
         # The initialize handshake of the 2025 protocol revisions (the other
         # test's client discovers the current one).
         async with connect(live_server.url, api_key, mode="legacy") as client:
+            assert client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
             args = {"endpoint": "mcp.echo", "input": {}, "dedupe_key": "d"}
             error, queued = await call(client, "submit_ticket", **args)
             assert not error
