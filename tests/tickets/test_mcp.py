@@ -88,7 +88,7 @@ def test_submit_wait_and_lineage_and_a_stranger_finds_nothing(
             # Two requests at once (two server threads, one SDK server): the
             # wait, and a read while it waits.
             (error, done), (read_error, read) = await asyncio.gather(
-                call(client, "wait_for_ticket", ticket_id=ticket["id"], wait_s=45),
+                call(client, "wait_for_ticket", ticket_id=ticket["id"], wait_s=60),
                 call(client, "get_ticket", ticket_id=ticket["id"]),
             )
             assert not error and done["state"] == "succeeded", done
@@ -96,8 +96,9 @@ def test_submit_wait_and_lineage_and_a_stranger_finds_nothing(
             error, lineage = await call(client, "get_lineage", ticket_id=ticket["id"])
             assert not error and lineage["root"] == ticket["id"]
             children = [n for n in lineage["nodes"] if n["parent"] == ticket["id"]]
-            assert [c["endpoint"] for c in children].count("demo.echo") == 2
-            assert all(n["state"] == "succeeded" for n in lineage["nodes"])
+            assert [(c["endpoint"], c["state"]) for c in children] == [
+                ("demo.echo", "succeeded")
+            ] * 2
             error, events = await call(client, "get_ticket_events", ticket_id=ticket["id"])
             assert not error and events["events"][-1]["to_state"] == "succeeded"
             # The root, and the callbacks its children sent back to it.
