@@ -178,7 +178,8 @@ def run_tool(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool
         if not is_transient(exc):
             log.exception("mcp tool %s failed", name)
             return error_payload(500, "internal", "the server failed; the error is logged"), True
-        # As the API's 503: the write did not happen; the same call may be retried.
+        # As the API's 503 (config/middleware.py): repeating the same call
+        # (the same dedupe key, for a submission) is safe.
         drop_broken_connection()
         retry_after = max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
         log.warning("mcp tool %s: unavailable: %s", name, describe(exc))
