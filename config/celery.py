@@ -49,6 +49,21 @@ def _beat_schedule(sender, **kwargs):
 # --- Database connections in the worker ----------------------------------------------------------
 
 
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _no_connection_pool(**kwargs):
+    """Django's connection pool (DATABASE_POOL_MAX) is the web's: a prefork
+    child runs one task at a time, so a pool saves a worker nothing, and the
+    pool's connections and its threads must not cross the fork of the pool
+    processes. Celery processes keep one connection per thread, as before,
+    for DB_CONN_MAX_AGE seconds (the main process has made none yet)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db.get("OPTIONS", {}).pop("pool", None) is not None:
+        db["CONN_MAX_AGE"] = settings.DB_CONN_MAX_AGE
+
+
 @signals.task_prerun.connect
 @signals.task_postrun.connect
 def _database_connections(signal=None, task=None, **kwargs):

@@ -100,6 +100,8 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------
+DB_CONN_MAX_AGE = env.int("DB_CONN_MAX_AGE", default=60)
+DATABASE_POOL_MAX = env.int("DATABASE_POOL_MAX", default=0)
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
 }
@@ -112,8 +114,22 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60))
+    DATABASES["default"].setdefault("CONN_MAX_AGE", DB_CONN_MAX_AGE)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Django's own psycopg pool, for a web tier without PgBouncer: a gthread
+    # process's threads share DATABASE_POOL_MAX connections instead of
+    # holding one each, and a thread that finds none free waits up to
+    # DATABASE_POOL_TIMEOUT_S (then 503 unavailable). Persistent
+    # connections and a pool exclude each other (Django refuses both).
+    # Celery processes drop it (config/celery.py): a prefork child runs one
+    # task at a time, and a pool's connections must not cross a fork.
+    if DATABASE_POOL_MAX:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(env.int("DATABASE_POOL_MIN", default=1), DATABASE_POOL_MAX),
+            "max_size": DATABASE_POOL_MAX,
+            "timeout": env.float("DATABASE_POOL_TIMEOUT_S", default=5.0),
+        }
     # Prepared statements only where asked for (prepare=True): the admission
     # hot path. Django's own queries keep being planned per execution.
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
@@ -122,6 +138,12 @@ else:
     DATABASES["default"]["OPTIONS"].setdefault(
         "connect_timeout", env.int("DB_CONNECT_TIMEOUT_S", default=5)
     )
+# The sessions that LISTEN (the web's ticket waits, tickets/waits.py; the
+# workers' dispatcher, endpoints/dispatcher.py) must hold one server session
+# for their whole life: a notification reaches only the session that
+# listened. Behind PgBouncer in transaction mode point this at PostgreSQL
+# directly or at a session-mode pool (docs/deploy.md). Empty: DATABASE_URL.
+DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
 # Two roles (README, "Database roles"): `migrate` connects with
 # DATABASE_MIGRATE_URL (the owner role) when set; after every migrate the
 # application role is granted what web and workers need, and no more. It is

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection, connections
 
 from config.dispatch import DISPATCH_CHANNEL
+from config.listen import connect_listener, describe_target, listen_params
 
 from . import runtime
 
@@ -55,10 +56,9 @@ class Dispatcher(threading.Thread):
     def _listener(self):
         if connection.vendor != "postgresql":
             return None
-        import psycopg
-
-        params = connection.get_connection_params()
-        listener = psycopg.connect(**params, autocommit=True)
+        # Its own session, direct or session-pooled (DATABASE_LISTEN_URL):
+        # through a transaction pooler no notification would reach it.
+        listener = connect_listener(listen_params("claimcheck dispatcher"))
         listener.execute(f"LISTEN {DISPATCH_CHANNEL}")
         return listener
 
@@ -109,7 +109,7 @@ def start_in_worker(queues) -> Dispatcher | None:
         _running = Dispatcher()
         _running.start()
         if connection.vendor == "postgresql":
-            log.info("dispatcher started (LISTEN %s)", DISPATCH_CHANNEL)
+            log.info("dispatcher started (LISTEN %s via %s)", DISPATCH_CHANNEL, describe_target())
         else:  # SQLite has no LISTEN: the poll is its only wake-up
             log.info("dispatcher started (a pass every %s s)", settings.DISPATCHER_POLL_S)
     return _running

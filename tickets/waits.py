@@ -6,7 +6,8 @@ turn's start and finish statements, in the statement itself. An admission
 does not: its statement already wakes the dispatcher (``DISPATCH_CHANNEL``),
 and nobody can be waiting on a ticket before it exists, so that
 notification stands for "a ticket was admitted". One listener thread per
-web process holds the only LISTEN connection (both channels) and wakes the
+web process holds the only LISTEN connection (both channels; it connects to
+``DATABASE_LISTEN_URL`` when set: config/listen.py) and wakes the
 requests waiting on that id, and those waiting on any change (``ANY``: the
 console's lists and dashboard), which every notification of either channel
 wakes. A waiting request reads once after it subscribed (so a change that
@@ -33,11 +34,14 @@ from collections import defaultdict
 from django.db import connection
 
 from config.dispatch import DISPATCH_CHANNEL
+from config.listen import connect_listener, listen_params
 
 log = logging.getLogger(__name__)
 
 TICKET_CHANNEL = "claimcheck_ticket"
 FALLBACK_POLL_S = 0.5
+# The listener's application_name (pg_stat_activity).
+LISTENER_NAME = "claimcheck waits"
 # The listener closes its connection after this long without a waiter (and
 # opens it again for the next one): an idle web process holds no session.
 IDLE_CLOSE_S = 2.0
@@ -65,7 +69,7 @@ class _Hub:
             # listener takes to close when idle: it cannot leave us behind.
             self._waiters[str(ticket_id)].add(event)
             if self._thread is None or not self._thread.is_alive():
-                params = connection.get_connection_params()
+                params = listen_params(LISTENER_NAME)  # DATABASE_LISTEN_URL, else DATABASE_URL
                 self._thread = threading.Thread(
                     target=self._listen, args=(params,), name="ticket-waits", daemon=True
                 )
@@ -108,11 +112,9 @@ class _Hub:
         self._stopping = False
 
     def _listen(self, params: dict) -> None:
-        import psycopg
-
         while not self._stopping:
             try:
-                with psycopg.connect(**params, autocommit=True) as conn:
+                with connect_listener(params) as conn:
                     conn.execute(f"LISTEN {TICKET_CHANNEL}")
                     conn.execute(f"LISTEN {DISPATCH_CHANNEL}")
                     self._listening.set()
