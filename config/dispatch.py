@@ -66,3 +66,73 @@ def publish(task_name: str, *args: Any, countdown: float | None = None) -> None:
             log.exception("publish of %s%r failed; the sweep will retry", task_name, args)
 
     transaction.on_commit(send)
+
+
+def messages_in_flight(task_name: str, ids: set[str]) -> set[str] | None:
+    """Of ``ids``, those that still have a ``task_name(id)`` message: waiting
+    in its queue on the broker (every worker slot busy), or delivered to a
+    worker that is alive and holds it reserved until a slot frees (prefetch).
+    A message delivered to a worker that has since died stays unacknowledged
+    in Redis until the visibility timeout (days): it counts as lost.
+
+    None when the broker cannot be read (not Redis, or unreachable): the
+    caller has no evidence either way."""
+    import base64
+    import json
+
+    from config.celery import app
+
+    queue = app.amqp.router.route({}, task_name)["queue"].name
+    found: set[str] = set()
+    unacked: set[str] = set()
+
+    def match(raw: bytes | str, into: set[str]) -> None:
+        try:
+            message = json.loads(raw)
+            if isinstance(message, list):  # the unacked hash: [message, exchange, key]
+                message = message[0]
+            if message.get("headers", {}).get("task") != task_name:
+                return
+            args = json.loads(base64.b64decode(message["body"]))[0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return
+        if args and str(args[0]) in ids:
+            into.add(str(args[0]))
+
+    try:
+        with app.connection_for_read() as conn:
+            if conn.transport.driver_type != "redis":
+                return None
+            channel = conn.default_channel
+            client = channel.client
+            for priority in channel.priority_steps:
+                for raw in client.lrange(channel._q_for_pri(queue, priority), 0, -1):
+                    match(raw, found)
+            if ids - found:
+                for raw in client.hvals(channel.unacked_key):
+                    match(raw, unacked)
+    except Exception:  # the broker is unreachable: no evidence
+        log.warning("could not read the broker's %s queue", queue, exc_info=True)
+        return None
+    if unacked - found:
+        found |= unacked & _reserved_by_live_workers(task_name)
+    return found
+
+
+def _reserved_by_live_workers(task_name: str, timeout: float = 1.0) -> set[str]:
+    """The ids of ``task_name`` messages the workers that answer within
+    ``timeout`` hold reserved (Celery's remote control, answered by each
+    worker's main process even while every pool slot is busy)."""
+    from config.celery import app
+
+    try:
+        replies = app.control.inspect(timeout=timeout).reserved() or {}
+    except Exception:
+        log.warning("could not ask the workers what they hold reserved", exc_info=True)
+        return set()
+    held = set()
+    for requests in replies.values():
+        for request in requests or ():
+            if request.get("name") == task_name and request.get("args"):
+                held.add(str(request["args"][0]))
+    return held

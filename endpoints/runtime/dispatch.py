@@ -11,7 +11,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from config.dispatch import RUN_TICKET, publish, publish_now, wake_dispatcher
+from config.dispatch import (
+    RUN_TICKET,
+    messages_in_flight,
+    publish,
+    publish_now,
+    wake_dispatcher,
+)
 from config.transient import TRANSIENT_DB_ERRORS
 from tickets.models import Ticket, TicketState
 
@@ -246,14 +252,24 @@ def _dispatch_owed_orm(limit: int) -> list[uuid.UUID]:
 
 def sweep_lost_dispatches() -> list[uuid.UUID]:
     """Re-publish the oldest queued ticket of each free, available endpoint
-    whose queue has waited longer than ``REDISPATCH_AFTER_S`` (the broker lost
-    the message, or the publish failed after commit). A duplicate message is
-    harmless: the ticket row decides."""
+    whose message is really gone (the broker lost it, the publish failed
+    after commit, the worker that held it died).
+
+    1. Under the sweep's advisory lock, the candidates: each free, available
+       endpoint's oldest queued ticket, unchanged for ``REDISPATCH_AFTER_S``.
+    2. The evidence, from the broker (outside any transaction): a candidate
+       whose message still waits in the queue, or is held reserved by a live
+       worker, only waits for a free slot. It is left alone: another message
+       would only pile up behind it and bounce.
+    3. The rest are published again (a duplicate would be harmless: the
+       ticket row decides). When the broker cannot be read there is no
+       evidence either way, and the age alone decides, as it must for a
+       message lost with a broker that is down."""
     cutoff = timezone.now() - timedelta(seconds=settings.REDISPATCH_AFTER_S)
-    published: list[uuid.UUID] = []
-    with sweep_lock("dispatch") as mine, transaction.atomic():
+    candidates: list[uuid.UUID] = []
+    with sweep_lock("dispatch") as mine:
         if not mine:
-            return published
+            return []
         free = EndpointLock.objects.filter(
             holder__isnull=True, endpoint__state=EndpointState.AVAILABLE
         ).values_list("endpoint_id", flat=True)
@@ -265,8 +281,18 @@ def sweep_lost_dispatches() -> list[uuid.UUID]:
                 .first()
             )
             if oldest and oldest[1] <= cutoff:
-                publish(RUN_TICKET, str(oldest[0]))
-                published.append(oldest[0])
-    if published:
-        log.warning("re-dispatched %d queued ticket(s) whose messages were lost", len(published))
-    return published
+                candidates.append(oldest[0])
+        if not candidates:
+            return []
+        waiting = messages_in_flight(RUN_TICKET, {str(c) for c in candidates})
+        lost = [c for c in candidates if waiting is None or str(c) not in waiting]
+        if lost:
+            publish_now(RUN_TICKET, [str(c) for c in lost])
+    if waiting:
+        log.info(
+            "%d queued ticket(s) wait for a free worker slot; their messages are in flight",
+            len(waiting),
+        )
+    if lost:
+        log.warning("re-dispatched %d queued ticket(s) whose messages were lost", len(lost))
+    return lost
