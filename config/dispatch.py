@@ -68,12 +68,15 @@ def publish(task_name: str, *args: Any, countdown: float | None = None) -> None:
     transaction.on_commit(send)
 
 
-def messages_in_flight(task_name: str, ids: set[str]) -> set[str] | None:
+def messages_in_flight(task_name: str, ids: set[str], *, workers: int) -> set[str] | None:
     """Of ``ids``, those that still have a ``task_name(id)`` message: waiting
     in its queue on the broker (every worker slot busy), or delivered to a
     worker that is alive and holds it reserved until a slot frees (prefetch).
     A message delivered to a worker that has since died stays unacknowledged
     in Redis until the visibility timeout (days): it counts as lost.
+
+    ``workers``: how many live workers consume the task's queue (the
+    registry's count): the question to them ends once that many answered.
 
     None when the broker cannot be read (not Redis, or unreachable): the
     caller has no evidence either way."""
@@ -114,19 +117,19 @@ def messages_in_flight(task_name: str, ids: set[str]) -> set[str] | None:
     except Exception:  # the broker is unreachable: no evidence
         log.warning("could not read the broker's %s queue", queue, exc_info=True)
         return None
-    if unacked - found:
-        found |= unacked & _reserved_by_live_workers(task_name)
+    if unacked - found and workers > 0:
+        found |= unacked & _reserved_by_live_workers(task_name, workers)
     return found
 
 
-def _reserved_by_live_workers(task_name: str, timeout: float = 1.0) -> set[str]:
+def _reserved_by_live_workers(task_name: str, workers: int, timeout: float = 1.0) -> set[str]:
     """The ids of ``task_name`` messages the workers that answer within
     ``timeout`` hold reserved (Celery's remote control, answered by each
     worker's main process even while every pool slot is busy)."""
     from config.celery import app
 
     try:
-        replies = app.control.inspect(timeout=timeout).reserved() or {}
+        replies = app.control.inspect(timeout=timeout, limit=workers).reserved() or {}
     except Exception:
         log.warning("could not ask the workers what they hold reserved", exc_info=True)
         return set()

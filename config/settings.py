@@ -291,6 +291,9 @@ SWEEP_INTERVAL_S = env.float("SWEEP_INTERVAL_S", default=5.0)
 # is alive, and after how long without that it is shown as lost.
 WORKER_HEARTBEAT_S = env.float("WORKER_HEARTBEAT_S", default=5.0)
 WORKER_LOST_AFTER_S = env.float("WORKER_LOST_AFTER_S", default=30.0)
+# An owner's "stop the process" that no worker has reported on after this
+# long is closed as unreachable by the budget sweep (recovery.services).
+PROCESS_STOP_TIMEOUT_S = env.float("PROCESS_STOP_TIMEOUT_S", default=60.0)
 # A queued ticket of a free endpoint older than this is re-dispatched by beat
 # (its broker message was lost: broker flushed, publish failed after commit).
 REDISPATCH_AFTER_S = env.float("REDISPATCH_AFTER_S", default=10.0)

@@ -39,6 +39,12 @@ class CaseKeeper:
     # (stop_id, outcome, exit): the worker that carried out an owner's "stop
     # the process" reports the exit (late evidence on the case).
     record_process_exit: Callable[..., None] | None = None
+    # (stop_id, outcome, reason, actor): a stop request that ends without a
+    # kill (gone, refused, unreachable), with the reason.
+    resolve_process_stop: Callable[..., bool] | None = None
+    # () -> the stop requests no worker can carry out any more, now closed
+    # (the budget sweep runs it).
+    resolve_stale_stops: Callable[[], list[uuid.UUID]] | None = None
 
 
 _keeper: CaseKeeper | None = None

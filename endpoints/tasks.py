@@ -14,6 +14,7 @@ from health.services import sweep_run
 
 from . import dispatcher, runtime
 from . import worker as _worker  # connects the shutdown signals too
+from .ports import case_keeper
 
 
 @shared_task(name=RUN_TICKET, bind=True, ignore_result=True)
@@ -31,6 +32,10 @@ def run_ticket(self, ticket_id: str) -> None:
 def sweep_budgets() -> None:
     with sweep_run("budgets"):
         observe.swept("budgets", runtime.sweep_budgets())
+        # Stop requests of slots whose worker can no longer act on them.
+        settle = case_keeper().resolve_stale_stops
+        if settle is not None:
+            settle()
 
 
 @shared_task(name="endpoints.sweep_lost_dispatches", ignore_result=True)

@@ -231,10 +231,16 @@ def stop_process(state, stop_id: str, turn_id: str, pid: int, host: str) -> dict
     only while its slot still names that exact turn. The kill and the report
     run on a thread of their own (database work off the control loop)."""
     node = state.consumer.hostname
+    refused = None
     if host != socket.gethostname():
-        return {"error": f"not on host {host}"}
-    if pid not in _pool_children():
-        return {"error": f"process {pid} is not a pool process of {node}"}
+        refused = f"{node} runs on {socket.gethostname()}, not on {host}"
+    elif pid not in _pool_children():
+        refused = f"process {pid} is not a pool process of {node}"
+    if refused is not None:
+        threading.Thread(
+            target=_resolve, args=(stop_id, "refused", refused), name="stop-process", daemon=True
+        ).start()
+        return {"error": refused}
     threading.Thread(
         target=_kill_slot, args=(node, stop_id, turn_id, pid), name="stop-process", daemon=True
     ).start()
@@ -247,7 +253,7 @@ def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int) -> None:
 
     try:
         if not WorkerSlot.objects.filter(worker__name=node, pid=pid, turn_id=turn_id).exists():
-            log.warning("stop of process %s refused: its slot no longer runs turn %s", pid, turn_id)
+            _resolve(stop_id, "gone", f"process {pid} no longer runs turn {turn_id}")
             return
         log.warning("stopping pool process %s (turn %s) on an owner's request", pid, turn_id)
         with contextlib.suppress(ProcessLookupError):
@@ -256,16 +262,34 @@ def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int) -> None:
         while pid in _pool_children() and not _zombie(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         gone = pid not in _pool_children() or _zombie(pid)
+        if not gone:  # stuck in the kernel: the slot stays held, and says so
+            _resolve(stop_id, "unreachable", f"process {pid} still exists 10 s after SIGKILL")
+            return
         registry.clear_slot(node, pid)
         record = case_keeper().record_process_exit
         if record is not None:
             record(
                 stop_id=stop_id,
-                outcome="killed" if gone else "requested",
-                exit={"pid": pid, "signal": "SIGKILL", "gone": gone, "worker": node},
+                outcome="killed",
+                exit={"pid": pid, "signal": "SIGKILL", "gone": True, "worker": node},
             )
     except Exception:
         log.exception("stop of process %s failed", pid)
+    finally:
+        connection.close()
+
+
+def _resolve(stop_id: str, outcome: str, reason: str) -> None:
+    """A stop this worker will not carry out, closed with the reason (off
+    the control loop: database work)."""
+    from .ports import case_keeper
+
+    try:
+        resolve = case_keeper().resolve_process_stop
+        if resolve is not None:
+            resolve(stop_id=stop_id, outcome=outcome, reason=reason, actor="worker")
+    except Exception:  # the budget sweep closes it later
+        log.exception("stop %s not resolved (%s)", stop_id, reason)
     finally:
         connection.close()
 

@@ -18,5 +18,7 @@ class RecoveryConfig(AppConfig):
                 record_late_evidence=services.record_late_evidence,
                 open_case_id=selectors.open_case_id,
                 record_process_exit=services.record_process_exit,
+                resolve_process_stop=services.resolve_process_stop,
+                resolve_stale_stops=services.resolve_stale_stops,
             )
         )

@@ -138,7 +138,9 @@ class ProcessStop(models.Model):
     worker = models.CharField(max_length=255)
     host = models.CharField(max_length=255)
     pid = models.IntegerField()
-    outcome = models.CharField(max_length=20, default="requested")  # requested | killed | gone
+    # requested | killed | gone | refused | unreachable (recovery.services);
+    # all but killed carry exit["reason"].
+    outcome = models.CharField(max_length=20, default="requested")
     exit = models.JSONField(default=dict)
     created_at = models.DateTimeField()
     done_at = models.DateTimeField(null=True, blank=True)

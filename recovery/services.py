@@ -15,6 +15,7 @@ while holding the ticket lock, so taking the case first could deadlock.
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from datetime import datetime
 from typing import Any
@@ -44,6 +45,8 @@ from .models import (
     RecoveryCase,
 )
 from .selectors import LATE_STOP_RECEIPT, build_snapshot, get_case, snapshot_sha256
+
+log = logging.getLogger(__name__)
 
 MAX_TEXT = limits.TEXT_CHARS
 MAX_DEDUPE_KEY = limits.DEDUPE_KEY_CHARS
@@ -472,6 +475,100 @@ def stop_process(
         }
         transaction.on_commit(lambda: request_process_stop(stop.worker, **args))
     return stop
+
+
+# The worker kills within this long of the request and then reports: a slot
+# found free before it is the worker's own doing, about to be reported.
+PROCESS_STOP_REPORT_GRACE_S = 15.0
+
+
+def resolve_process_stop(
+    *, stop_id: uuid.UUID | str, outcome: str, reason: str, actor: str, detail: dict | None = None
+) -> bool:
+    """Close a stop request that ends without a kill: ``gone`` (the process
+    no longer runs the turn: nothing is left to stop), ``refused`` (the
+    worker it reached will not kill that pid) or ``unreachable`` (no worker
+    can carry it out any more). Only from ``requested``; the reason is
+    recorded on the stop and as a ticket event. False when another resolver
+    (the worker's report, a sweep) got there first."""
+    if outcome not in ("gone", "refused", "unreachable"):
+        raise ValueError(f"unknown stop outcome {outcome!r}")
+    now = timezone.now()
+    with transaction.atomic():
+        closed = ProcessStop.objects.filter(id=stop_id, outcome="requested").update(
+            outcome=outcome, exit={"reason": reason, **(detail or {})}, done_at=now
+        )
+        if not closed:
+            return False
+        stop = ProcessStop.objects.select_related("case").get(id=stop_id)
+        lifecycle.append_event(
+            ticket_id=stop.case.ticket_id,
+            kind="process_stop_resolved",
+            actor=actor,
+            turn_id=stop.case.turn_id,
+            detail={"stop": str(stop.id), "pid": stop.pid, "outcome": outcome, "reason": reason},
+        )
+    log.warning("stop of process %s on %s: %s (%s)", stop.pid, stop.worker, outcome, reason)
+    return True
+
+
+def resolve_stale_stops() -> list[uuid.UUID]:
+    """The stop requests no worker will carry out any more, closed with the
+    reason (run by the budget sweep):
+
+    1. the named worker is no longer registered, or registered again since
+       the request (a restart: its pool processes and their pids are new),
+       or on another host;
+    2. it is lost (no heartbeat for ``WORKER_LOST_AFTER_S``);
+    3. past the report grace, its slot no longer runs the turn (the turn
+       ended, the process exited): ``gone``;
+    4. no report within ``PROCESS_STOP_TIMEOUT_S`` (the request was lost
+       with the broker, or the worker ignored it).
+
+    Everything else stays ``requested``: the worker may still report."""
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    from endpoints.models import Worker, WorkerSlot
+
+    now = timezone.now()
+    lost_before = now - timedelta(seconds=settings.WORKER_LOST_AFTER_S)
+    closed: list[uuid.UUID] = []
+    for stop in ProcessStop.objects.filter(outcome="requested").select_related("case"):
+        age = (now - stop.created_at).total_seconds()
+        worker = Worker.objects.filter(name=stop.worker).first()
+        if worker is None:
+            verdict = ("unreachable", "the worker is no longer registered")
+        elif worker.started_at > stop.created_at or worker.host != stop.host:
+            verdict = (
+                "unreachable",
+                f"the worker restarted on {worker.host} after the request; the pid is not its own",
+            )
+        elif worker.last_seen_at < lost_before:
+            verdict = (
+                "unreachable",
+                f"the worker is lost (no heartbeat for {settings.WORKER_LOST_AFTER_S:g} s)",
+            )
+        elif (
+            age > PROCESS_STOP_REPORT_GRACE_S
+            and not WorkerSlot.objects.filter(
+                worker=worker, pid=stop.pid, turn_id=stop.case.turn_id
+            ).exists()
+        ):
+            verdict = ("gone", "the process no longer runs the turn")
+        elif age > settings.PROCESS_STOP_TIMEOUT_S:
+            verdict = (
+                "unreachable",
+                f"no report from the worker within {settings.PROCESS_STOP_TIMEOUT_S:g} s",
+            )
+        else:
+            continue
+        if resolve_process_stop(
+            stop_id=stop.id, outcome=verdict[0], reason=verdict[1], actor="sweeper"
+        ):
+            closed.append(stop.id)
+    return closed
 
 
 def record_process_exit(*, stop_id: str, outcome: str, exit: dict[str, Any]) -> None:

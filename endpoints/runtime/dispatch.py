@@ -25,6 +25,7 @@ from ..models import (
     EndpointLock,
     EndpointState,
     Turn,
+    Worker,
 )
 from .sweeplock import sweep_lock
 
@@ -284,7 +285,9 @@ def sweep_lost_dispatches() -> list[uuid.UUID]:
                 candidates.append(oldest[0])
         if not candidates:
             return []
-        waiting = messages_in_flight(RUN_TICKET, {str(c) for c in candidates})
+        waiting = messages_in_flight(
+            RUN_TICKET, {str(c) for c in candidates}, workers=_live_workers("turns")
+        )
         lost = [c for c in candidates if waiting is None or str(c) not in waiting]
         if lost:
             publish_now(RUN_TICKET, [str(c) for c in lost])
@@ -296,3 +299,9 @@ def sweep_lost_dispatches() -> list[uuid.UUID]:
     if lost:
         log.warning("re-dispatched %d queued ticket(s) whose messages were lost", len(lost))
     return lost
+
+
+def _live_workers(queue: str) -> int:
+    """Workers consuming ``queue`` that heartbeated within WORKER_LOST_AFTER_S."""
+    seen = timezone.now() - timedelta(seconds=settings.WORKER_LOST_AFTER_S)
+    return Worker.objects.filter(last_seen_at__gte=seen, queues__contains=[queue]).count()

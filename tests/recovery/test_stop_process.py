@@ -6,8 +6,15 @@ is free and the exit is late evidence on the case. Real workers and beat."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import time
+
 import pytest
 
+from endpoints import registry
+from recovery import services
 from recovery.models import CaseEvidence, ProcessStop, RecoveryCase
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
@@ -61,10 +68,14 @@ def test_the_owner_stops_the_process_of_a_decided_inline_turn(
     (slot,) = _slots(api)
     assert slot["status"] == "held" and slot["turn"]["id"] == str(case.turn_id)
     echo = admit_ticket(endpoint="stop.echo", input={}).ticket
+    # Every slot is busy (the only one): the next ticket waits for it, held
+    # by the worker's main process; the stop must reach that worker anyway.
+    assert Ticket.objects.get(id=echo.id).state == "queued"
     client.force_login(owner)
     page = client.get(f"/recovery/{case.id}/").content.decode()
     assert "Stop the process" in page and str(slot["pid"]) in page
 
+    requested = time.monotonic()
     resp = owner_api.post(
         f"/recovery/cases/{case.id}/stop-process", {"rationale": "the callable never returns"}
     )
@@ -76,6 +87,9 @@ def test_the_owner_stops_the_process_of_a_decided_inline_turn(
         timeout=20,
         message="the exit as late evidence",
     )
+    # The control command runs in the worker's main process, which reads
+    # its broadcasts whether or not a pool slot is free.
+    assert time.monotonic() - requested < 10
     assert ev.detail["pid"] == slot["pid"] and ev.detail["signal"] == "SIGKILL"
     assert ProcessStop.objects.get(id=stop["id"]).outcome == "killed"
     # The slot is free: the next ticket runs.
@@ -87,3 +101,95 @@ def test_the_owner_stops_the_process_of_a_decided_inline_turn(
     assert Ticket.objects.filter(id=echo.id, state="succeeded").exists()
     kinds = list(Ticket.objects.get(id=stuck.id).events.values_list("kind", flat=True))
     assert "process_stop_requested" in kinds
+
+
+def _decided(owner_api, case_id) -> None:
+    inspection = owner_api.post(f"/recovery/cases/{case_id}/inspections").json()
+    decided = owner_api.post(
+        f"/recovery/cases/{case_id}/decisions",
+        {"action": "finalize_orphan", "inspection": inspection["id"], "rationale": "give up"},
+    )
+    assert decided.status_code == 201, decided.content
+
+
+@pytest.mark.parametrize("what", ["restarted", "lost", "slot_moved_on", "no_report"])
+def test_a_stop_no_worker_will_carry_out_is_closed_with_its_reason(
+    what, quarantine, owner_api, settings, monkeypatch
+):
+    """The worker registry's own writes stand in for a worker here: the
+    named worker (not running) registers, its slot runs the turn; the stop's
+    broadcast reaches nobody. The budget sweep's resolver closes it."""
+    q = quarantine()
+    _decided(owner_api, q.case.id)
+    node = f"gone-{what}@{socket.gethostname()}"
+    registry.register_worker(
+        name=node, host=socket.gethostname(), pid=os.getpid(), queues=["turns"], pool_size=1
+    )
+    registry.set_node(node)
+    try:
+        registry.slot_busy(q.turn.id)
+        resp = owner_api.post(f"/recovery/cases/{q.case.id}/stop-process", {"rationale": "free"})
+        assert resp.status_code == 201, resp.content
+        stop_id = resp.json()["id"]
+        assert services.resolve_stale_stops() == []  # the worker may still report
+
+        if what == "restarted":
+            registry.register_worker(
+                name=node, host=socket.gethostname(), pid=1, queues=["turns"], pool_size=1
+            )
+        elif what == "lost":
+            settings.WORKER_LOST_AFTER_S = 0
+        elif what == "slot_moved_on":
+            registry.slot_idle()
+            monkeypatch.setattr(services, "PROCESS_STOP_REPORT_GRACE_S", 0)
+        else:
+            settings.PROCESS_STOP_TIMEOUT_S = 0
+    finally:
+        registry.set_node("")
+    assert [str(s) for s in services.resolve_stale_stops()] == [stop_id]
+    stop = ProcessStop.objects.get(id=stop_id)
+    expected = {
+        "restarted": ("unreachable", "restarted"),
+        "lost": ("unreachable", "lost"),
+        "slot_moved_on": ("gone", "no longer runs the turn"),
+        "no_report": ("unreachable", "no report"),
+    }[what]
+    assert stop.outcome == expected[0] and expected[1] in stop.exit["reason"], stop.exit
+    assert stop.done_at is not None
+    event = q.ticket.events.get(kind="process_stop_resolved")
+    assert event.detail["outcome"] == expected[0] and event.detail["stop"] == stop_id
+    assert services.resolve_stale_stops() == []  # closed once
+
+
+@pytest.mark.integration
+def test_a_stop_sent_to_a_worker_that_then_restarts_is_closed_as_unreachable(
+    celery_procs, make_endpoint, owner, owner_api
+):
+    """The issue's case: the request was sent while the worker was down, and
+    the worker came back under its name; before, it stayed "requested"."""
+    celery_procs.control_and_beat()
+    celery_procs.worker("turns", queues="turns", concurrency=1)
+    make_endpoint(
+        "restart.stuck",
+        path="endpoints.demo.stuck",
+        owners=[owner.username],
+        turn_budget_s=1,
+        interrupt_grace_s=0.5,
+    )
+    stuck = admit_ticket(endpoint="restart.stuck", input={"seconds": 300}).ticket
+    case = wait_for(
+        lambda: RecoveryCase.objects.filter(ticket=stuck).first(), timeout=20, message="quarantine"
+    )
+    _decided(owner_api, case.id)
+    celery_procs.kill("turns", signal.SIGKILL)  # its pool process with it
+    resp = owner_api.post(f"/recovery/cases/{case.id}/stop-process", {"rationale": "free it"})
+    assert resp.status_code == 201 and resp.json()["outcome"] == "requested", resp.content
+    celery_procs.worker("turns", queues="turns", concurrency=1)
+    stop = wait_for(
+        lambda: (
+            ProcessStop.objects.exclude(outcome="requested").filter(id=resp.json()["id"]).first()
+        ),
+        timeout=20,
+        message="the stop to be resolved",
+    )
+    assert stop.outcome == "unreachable" and "restarted" in stop.exit["reason"], stop.exit
