@@ -59,9 +59,12 @@ def _no_connection_pool(**kwargs):
     for DB_CONN_MAX_AGE seconds (the main process has made none yet)."""
     from django.conf import settings
 
-    db = settings.DATABASES["default"]
+    drop_connection_pool(settings.DATABASES["default"], settings.DB_CONN_MAX_AGE)
+
+
+def drop_connection_pool(db: dict, conn_max_age: int) -> None:
     if db.get("OPTIONS", {}).pop("pool", None) is not None:
-        db["CONN_MAX_AGE"] = settings.DB_CONN_MAX_AGE
+        db["CONN_MAX_AGE"] = conn_max_age
 
 
 @signals.task_prerun.connect
