@@ -286,13 +286,15 @@ def sweep_lost_dispatches() -> list[uuid.UUID]:
         if not candidates:
             return []
         waiting = messages_in_flight(
-            RUN_TICKET, {str(c) for c in candidates}, workers=_live_workers("turns")
+            RUN_TICKET,
+            {str(c) for c in candidates},
+            workers=_live_workers(settings.CELERY_TASK_DEFAULT_QUEUE),
         )
         lost = [c for c in candidates if waiting is None or str(c) not in waiting]
         if lost:
             publish_now(RUN_TICKET, [str(c) for c in lost])
-    if waiting:
-        log.info(
+    if waiting:  # routine while every slot is busy
+        log.debug(
             "%d queued ticket(s) wait for a free worker slot; their messages are in flight",
             len(waiting),
         )
