@@ -59,7 +59,9 @@ test: install services browser pgbouncer ## the layer contracts, then every test
 	.venv/bin/lint-imports --no-cache
 	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
 		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
-	DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) \
+	@# DATABASE_LISTEN_URL names a production database: the tests' listeners
+	@# use the test database (tests/test_pgbouncer.py sets its own).
+	DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
 		CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--durations 15 $(PYTEST_ARGS)
 

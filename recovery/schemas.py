@@ -68,7 +68,7 @@ class ProcessStopOut(Out):
     worker: str
     host: str
     pid: int
-    outcome: str  # requested | killed
+    outcome: str  # requested | killed | gone | refused | unreachable (exit.reason says why)
     exit: dict[str, Any]
     created_at: str | None = None
     done_at: str | None = None
