@@ -46,9 +46,40 @@ def host_listed(host: str, allowed: list[str]) -> bool:
     return False
 
 
+# IPv6 forms that carry an IPv4 address (config/outbound.py ``is_public``).
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215 local use
+_TEREDO = ipaddress.ip_network("2001::/32")
+
+
 def is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
+    """A global unicast address, and so is any IPv4 address it carries.
+
+    IPv6 has forms that reach an IPv4 address through a translator or a
+    tunnel; each is judged by the IPv4 address inside:
+
+    - ``::ffff:a.b.c.d`` (IPv4-mapped): the address itself.
+    - ``64:ff9b::a.b.c.d`` (NAT64, well-known prefix): a NAT64 gateway
+      connects to a.b.c.d, so it is public exactly when a.b.c.d is.
+      The local-use NAT64 prefix ``64:ff9b:1::/48`` is refused outright.
+    - ``2002:aabb:ccdd::/48`` (6to4): the relay delivers to aa.bb.cc.dd, so
+      that must be public as well as the IPv6 address.
+    - ``2001::/32`` (Teredo): refused outright. It names a tunnel server and
+      an obfuscated client address; no webhook or agent needs one, and the
+      client part can be any IPv4 address behind a NAT.
+
+    Decided here rather than left to ``ipaddress``'s special-purpose tables,
+    which differ between Python releases.
+    """
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return is_public(ip.ipv4_mapped)  # ::ffff:127.0.0.1 is loopback too
+        if ip in _TEREDO or ip in _NAT64_LOCAL:
+            return False
+        if ip in _NAT64:
+            return is_public(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+        if ip.sixtofour is not None and not is_public(ip.sixtofour):
+            return False
     return ip.is_global and not (
         ip.is_private
         or ip.is_loopback

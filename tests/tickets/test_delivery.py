@@ -436,6 +436,13 @@ REFUSED = [
     "http://localhost/x",
     "http://[::1]/x",
     "http://[::ffff:127.0.0.1]/x",
+    # IPv6 forms that carry a non-public IPv4 address: 6to4 of loopback and
+    # of a private address, Teredo, NAT64 of loopback and local-use NAT64.
+    "http://[2002:7f00:1::]/x",
+    "http://[2002:a00:1::1]/x",
+    "http://[2001:0:4136:e378:8000:63bf:80ff:fefe]/x",
+    "http://[64:ff9b::7f00:1]/x",
+    "http://[64:ff9b:1::808:808]/x",
     "http://10.1.2.3/x",
     "http://192.168.0.10/x",
     "http://172.16.5.4/x",
@@ -463,6 +470,9 @@ def test_a_public_address_is_accepted():
     with override_settings(DELIVERY_ALLOWED_HOSTS=[]):
         delivery.validate_webhook_url("https://93.184.215.14/hook")
         delivery.validate_webhook_url("http://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:8080/h")
+        # 6to4 and NAT64 forms of a public IPv4 address are public.
+        delivery.validate_webhook_url("http://[2002:5db8:d70e::1]/h")
+        delivery.validate_webhook_url("http://[64:ff9b::5db8:d70e]/h")
 
 
 def fake_dns(monkeypatch, table: dict[str, list[str]]) -> None:
