@@ -39,7 +39,7 @@ install: .venv/.installed ## the virtual environment at .venv/ from the lock fil
 
 run: install ## migrate, seed the demo, start web + worker + beat on the embedded default
 	$(PY) manage.py migrate --no-input -v0
-	$(PY) manage.py seed_demo
+	$(PY) manage.py seed_demo --allow-production
 	@echo "Starting web (http://127.0.0.1:8000), workers and beat; Ctrl-C stops all of them."
 	@# One metrics directory for web and workers (docs/operations.md), empty at each start.
 	rm -rf var/metrics && mkdir -p var/metrics

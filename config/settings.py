@@ -267,12 +267,16 @@ CONTENT_SECURITY_POLICY = {
 }
 
 # --- Login throttling (django-axes, counted in the database: shared by every process) -------
-# A username, or a client address, with LOGIN_FAILURE_LIMIT failed log-ins in
-# a row is locked out for LOGIN_LOCKOUT_S (each failure during the lockout
-# starts it again); a successful log-in resets the username's count.
+# A username with LOGIN_FAILURE_LIMIT failed log-ins in a row from one client
+# address is locked out, from that address only, for LOGIN_LOCKOUT_S (each
+# failure during the lockout starts it again); a successful log-in resets the
+# count. The pair, not either alone: counted per username, anyone could lock
+# an owner out by typing wrong passwords for them; counted per address, one
+# user behind a shared NAT or proxy locks out everyone behind it.
+# `manage.py axes_reset_ip_username ADDRESS USERNAME` lifts one lockout.
 AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=10)
 AXES_COOLOFF_TIME = timedelta(seconds=env.int("LOGIN_LOCKOUT_S", default=900))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_CLIENT_IP_CALLABLE = "console.throttle.client_ip"

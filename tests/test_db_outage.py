@@ -101,7 +101,7 @@ def stack(tmp_path_factory):
             "DATABASE_MIGRATE_URL": "",
         }
         pgcluster.migrate(url, env)
-        _manage(env, "seed_demo")
+        _manage(env, "seed_demo", "--allow-production")
         key = _manage(env, "create_api_key", "ops", "--staff").strip().splitlines()[-1]
         stack = Stack(pg=pg, env=env, key=key, clients=[])
         port = _free_port()

@@ -47,7 +47,7 @@ def test_embedded_default_serves_and_runs_a_turn_without_services(tmp_path):
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
     seeded = subprocess.run(
-        [*manage, "seed_demo"],
+        [*manage, "seed_demo", "--allow-production"],
         cwd=ROOT,
         env=env,
         check=True,

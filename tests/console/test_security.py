@@ -1,6 +1,6 @@
 """Hardening: the production switches pass Django's deploy check, every page
 carries the security headers and a CSP without inline script or style, login
-is throttled by username and by address (in the database, so across
+is throttled by username and address together (in the database, so across
 processes), and the API docs need no CDN."""
 
 from __future__ import annotations
@@ -151,30 +151,47 @@ def olive(db):
     return create_owner(username="olive", password=PASSWORD, endpoints=[])
 
 
-def test_wrong_passwords_for_one_username_lock_it_out(client, olive, settings):
+def test_wrong_passwords_lock_out_a_username_at_one_address_only(client, olive, settings):
     settings.AXES_FAILURE_LIMIT = 5
-    for i in range(4):
-        # Each from another address: the username alone is counted.
-        assert log_in(client, "olive", "wrong", f"10.0.1.{i}").status_code == 200
-    # The fifth failure in a row is answered with the lockout ...
-    assert log_in(client, "olive", "wrong", "10.0.1.9").status_code == 429
-    # ... and so is the right password, until the window has passed.
-    locked = log_in(client, "olive", PASSWORD, "10.0.2.1")
+    create_owner(username="sam", password=PASSWORD, endpoints=[])
+    for _ in range(4):
+        assert log_in(client, "olive", "wrong", "10.0.1.1").status_code == 200
+    # The fifth failure in a row from this address is answered with the lockout ...
+    assert log_in(client, "olive", "wrong", "10.0.1.1").status_code == 429
+    # ... and so is the right password from there, until the window has passed.
+    locked = log_in(client, "olive", PASSWORD, "10.0.1.1")
     assert locked.status_code == 429
     assert b"Too many failed log-ins" in locked.content
     assert b"Try again in 900 seconds" in locked.content
     assert "_auth_user_id" not in client.session, "a locked-out username logged in"
-
-
-def test_wrong_passwords_from_one_address_lock_it_out(client, olive, settings):
-    settings.AXES_FAILURE_LIMIT = 5
-    for i in range(4):
-        assert log_in(client, f"guess{i}", "wrong", "10.0.3.3").status_code == 200
-    assert log_in(client, "guess9", "wrong", "10.0.3.3").status_code == 429
-    assert log_in(client, "olive", PASSWORD, "10.0.3.3").status_code == 429
-    # Another address is not affected, and the right password works there.
-    ok = log_in(client, "olive", PASSWORD, "10.0.3.4")
+    # Whoever typed the wrong passwords did not lock olive out elsewhere ...
+    ok = log_in(client, "olive", PASSWORD, "10.0.1.2")
     assert ok.status_code == 302 and ok["Location"] == "/"
+    client.logout()
+    # ... nor another user behind the same address.
+    assert log_in(client, "sam", PASSWORD, "10.0.1.1").status_code == 302
+
+
+def test_failures_spread_over_addresses_or_usernames_lock_nothing(client, olive, settings):
+    settings.AXES_FAILURE_LIMIT = 5
+    for i in range(6):
+        assert log_in(client, "olive", "wrong", f"10.0.3.{i}").status_code == 200
+        assert log_in(client, f"guess{i}", "wrong", "10.0.3.100").status_code == 200
+    ok = log_in(client, "olive", PASSWORD, "10.0.3.100")
+    assert ok.status_code == 302 and ok["Location"] == "/"
+
+
+def test_the_documented_command_lifts_a_lockout(client, olive, settings):
+    import io
+
+    from django.core.management import call_command
+
+    settings.AXES_FAILURE_LIMIT = 2
+    for _ in range(2):
+        log_in(client, "olive", "wrong", "10.0.5.1")
+    assert log_in(client, "olive", PASSWORD, "10.0.5.1").status_code == 429
+    call_command("axes_reset_ip_username", "10.0.5.1", "olive", stdout=io.StringIO())
+    assert log_in(client, "olive", PASSWORD, "10.0.5.1").status_code == 302
 
 
 def test_a_success_resets_the_username_count(client, olive, settings):
@@ -214,7 +231,7 @@ def test_the_proxy_count_picks_the_address_the_proxy_saw(rf, settings):
 @pytest.mark.django_db(transaction=True)
 def test_a_lockout_holds_in_another_process(client, olive, settings):
     """The counts live in the database: a second process (another web
-    worker) refuses the locked-out username too."""
+    worker) refuses the locked-out username at that address too."""
     limit = django_settings.AXES_FAILURE_LIMIT
     for _ in range(limit):
         log_in(client, "olive", "wrong")
@@ -229,7 +246,7 @@ def test_a_lockout_holds_in_another_process(client, olive, settings):
     script = (
         "from django.test import Client; "
         f"r = Client().post('/login/', {{'username': 'olive', 'password': {PASSWORD!r}}}, "
-        "REMOTE_ADDR='10.7.7.7'); print(r.status_code)"
+        "REMOTE_ADDR='10.0.0.1'); print(r.status_code)"
     )
     done = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", script],
@@ -240,6 +257,24 @@ def test_a_lockout_holds_in_another_process(client, olive, settings):
         timeout=120,
     )
     assert done.stdout.strip().splitlines()[-1] == "429", done.stdout + done.stderr
+
+
+# --- The demo owner stays off deployments ------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_seed_demo_refuses_with_debug_off_unless_asked_by_name(settings):
+    import io
+
+    from django.contrib.auth import get_user_model
+    from django.core.management import CommandError, call_command
+
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="--allow-production"):
+        call_command("seed_demo", stdout=io.StringIO(), stderr=io.StringIO())
+    assert not get_user_model().objects.filter(username="demo").exists()
+    call_command("seed_demo", allow_production=True, stdout=io.StringIO(), stderr=io.StringIO())
+    assert get_user_model().objects.get(username="demo").is_active
 
 
 # --- API docs without a CDN ---------------------------------------------------------------------

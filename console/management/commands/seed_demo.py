@@ -1,7 +1,7 @@
 """Demo endpoints, a demo owner and an API key; safe to run again."""
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from console.keys import create_api_key
 from console.models import ApiKey
@@ -31,7 +31,24 @@ OWNER, PASSWORD = "demo", "demo-owner"
 class Command(BaseCommand):
     help = "Create the demo endpoints, owner 'demo' and an API key (idempotent)."
 
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--allow-production",
+            action="store_true",
+            help="seed even with DEBUG off (the demo owner's password is public: "
+            "never on a reachable deployment)",
+        )
+
     def handle(self, *args, **options):
+        # The demo owner is staff with a password printed in the README: on a
+        # deployment (DEBUG off) it would be a known log-in to the console
+        # and /admin/. Refused there unless asked for by name.
+        if not settings.DEBUG and not options["allow_production"]:
+            raise CommandError(
+                "seed_demo creates staff user 'demo' with a published password; "
+                "DEBUG is off, so this looks like a deployment. Pass --allow-production "
+                "to seed anyway (a local `make run` does)."
+            )
         for address, path in DEMO.items():
             if not Endpoint.objects.filter(address=address).exists():
                 create_endpoint(
