@@ -77,6 +77,14 @@ def admission_trace_id(request, *, parent: uuid.UUID | None, given: str | None) 
     return incoming.trace_id if incoming is not None else None
 
 
+def incoming_traceparent(request) -> str | None:
+    """The request's valid ``traceparent``, normalised (version 00), or None."""
+    incoming = getattr(request, "claimcheck_traceparent", None)
+    if incoming is None:
+        return None
+    return f"00-{incoming.trace_id}-{incoming.parent_id}-{incoming.flags}"
+
+
 def current_trace_id() -> str | None:
     from config import logs  # noqa: PLC0415
 

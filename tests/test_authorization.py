@@ -426,6 +426,50 @@ def test_a_strangers_404_is_the_same_as_for_an_unknown_ticket(client):
         ].replace(missing, "ID")
 
 
+@pytest.mark.parametrize("via", ("trace_id", "traceparent"))
+@pytest.mark.parametrize("actor", USERS)
+def test_only_who_sees_a_ticket_of_a_trace_adds_to_it(client, actor, via, settings):
+    """API.md "Traces belong to their tickets' viewers": a stranger naming
+    another's trace (in the body or a ``traceparent``) lands in a trace of
+    its own, and the number of admissions it gets before the breaker's 429
+    is the hard limit, whatever the other trace holds."""
+    world = World()
+    trace_id = world.ticket().trace_id  # the submitter's root and a child
+    size = Ticket.objects.filter(trace_id=trace_id).count()
+    settings.TRACE_HARD_LIMIT = size + 1
+    settings.TRACE_SOFT_LIMIT = size
+    headers = {}
+    if via == "traceparent":
+        headers = {"HTTP_TRACEPARENT": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    admitted, refused = [], None
+    for i in range(settings.TRACE_HARD_LIMIT + 1):
+        body = {"endpoint": world.endpoint("m.ep"), "input": {"join": i}}
+        if via == "trace_id":
+            body["trace_id"] = trace_id
+        response = client.post(
+            "/api/v1/tickets",
+            json.dumps(body),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {world.keys[actor]}",
+            **headers,
+        )
+        if response.status_code == 429:
+            refused = response
+            break
+        assert response.status_code == 201, response.content
+        admitted.append(response.json())
+    assert refused is not None and refused.json()["error"] == "circuit_open"
+    if actor == "stranger":
+        assert len(admitted) == settings.TRACE_HARD_LIMIT  # the size of its own trace
+        assert {t["trace_id"] for t in admitted} != {trace_id}
+        assert len({t["trace_id"] for t in admitted}) == 1
+        assert trace_id not in refused.content.decode()
+        assert Ticket.objects.filter(trace_id=trace_id).count() == size
+    else:
+        assert len(admitted) == settings.TRACE_HARD_LIMIT - size
+        assert {t["trace_id"] for t in admitted} == {trace_id}
+
+
 # --- The console matrix: pages that show one object ---------------------------------------------
 
 CONSOLE_USERS = ("stranger", "submitter", "owner", "staff")

@@ -14,7 +14,7 @@ from config import limits, tracing
 from config.errors import Invalid
 from config.schemas import Strict
 
-from . import admission, delivery, lifecycle, obligations, selectors, waits
+from . import admission, delivery, lifecycle, obligations, selectors, traces, waits
 from .models import TERMINAL_STATES, Ticket
 from .ports import endpoint_directory
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
@@ -82,18 +82,30 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
     requester = payload.requester.model_dump(exclude_none=True) if payload.requester else {}
     if requester.get("webhook_url"):
         delivery.validate_webhook_url(requester["webhook_url"])
-    admitted = admission.admit_ticket(
-        endpoint=payload.endpoint,
-        input=payload.input,
-        dedupe_key=key,
-        parent_id=payload.parent,
-        trace_id=tracing.admission_trace_id(request, parent=payload.parent, given=payload.trace_id),
-        return_to=payload.return_to.endpoint if payload.return_to else None,
-        continuation=payload.return_to.continuation if payload.return_to else None,
-        requester=requester,
-        submitter=request.user,
-        actor=actor_of(request),
-    )
+    # A trace the caller may not see does not exist for it: the choice is
+    # its own trace then, held (locked) until the admission commits.
+    with traces.joining(
+        request.user,
+        requested=tracing.admission_trace_id(
+            request, parent=payload.parent, given=payload.trace_id
+        ),
+        parent=payload.parent,
+        traceparent=tracing.incoming_traceparent(request) if payload.trace_id is None else None,
+    ) as trace:
+        if trace.link is not None:
+            requester = {**requester, "trace_link": trace.link}
+        admitted = admission.admit_ticket(
+            endpoint=payload.endpoint,
+            input=payload.input,
+            dedupe_key=key,
+            parent_id=payload.parent,
+            trace_id=trace.trace_id,
+            return_to=payload.return_to.endpoint if payload.return_to else None,
+            continuation=payload.return_to.continuation if payload.return_to else None,
+            requester=requester,
+            submitter=request.user,
+            actor=actor_of(request),
+        )
     ticket = admitted.ticket
     if payload.wait_s:
         ticket = wait_for_terminal(selectors.get_ticket(ticket.id), payload.wait_s)

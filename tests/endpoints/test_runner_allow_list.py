@@ -89,9 +89,7 @@ def test_what_the_allow_list_admits(settings, demo_only):
 def test_commands_obey_the_allow_list_too(settings):
     settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["somewhere.else."]
     with pytest.raises(Invalid, match="RUNNER_PYTHON_ALLOWED_PREFIXES"):
-        call_command(
-            "seed_demo", allow_production=True, stdout=io.StringIO(), stderr=io.StringIO()
-        )
+        call_command("seed_demo", allow_production=True, stdout=io.StringIO(), stderr=io.StringIO())
     assert not Endpoint.objects.exists()
 
 

@@ -266,9 +266,7 @@ def test_command_runner_result_and_history(worker, make_endpoint):
 def test_demo_endpoints_work_through_the_worker(worker, api):
     from django.core.management import call_command
 
-    call_command(
-        "seed_demo", allow_production=True, stdout=io.StringIO(), stderr=io.StringIO()
-    )
+    call_command("seed_demo", allow_production=True, stdout=io.StringIO(), stderr=io.StringIO())
     echo = api.post("/tickets", {"endpoint": "demo.echo", "input": {"hi": 1}, "wait_s": 15})
     assert echo.json()["state"] == "succeeded" and echo.json()["result"] == {"echo": {"hi": 1}}
     fail = api.post("/tickets", {"endpoint": "demo.fail", "input": {}, "wait_s": 15})
