@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from config.errors import DomainError, Invalid, NotFound
-from endpoints.selectors import endpoint_payload, is_owner, resolve_endpoint
+from endpoints.selectors import endpoint_payload, is_owner, resolve_endpoint, sees_configuration
 from health.checks import readiness
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery_services
@@ -438,7 +438,8 @@ def endpoint_detail(request, address):
         {
             "section": "endpoints",
             "endpoint": endpoint,
-            "e": endpoint_payload(endpoint),
+            "e": endpoint_payload(endpoint, user=request.user),
+            "sees_configuration": sees_configuration(request.user, endpoint),
             "can_see_cases": is_owner(request.user, endpoint),
             "holder": holder,
             "holder_visible": holder is not None

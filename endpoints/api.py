@@ -65,32 +65,34 @@ def require_staff(request: HttpRequest) -> None:
         raise Forbidden("only staff may manage endpoints")
 
 
-@router.post("", response={201: EndpointOut})
+# exclude_unset: a caller who does not see the endpoint's configuration gets
+# no ``submitters`` at all (null there would say "anyone may submit").
+@router.post("", response={201: EndpointOut}, exclude_unset=True)
 def create_endpoint(request: HttpRequest, payload: EndpointIn):
     require_staff(request)
     fields = payload.model_dump(exclude_none=True)
     endpoint = services.create_endpoint(**fields, actor=f"user:{request.user.username}")
-    return Status(201, endpoint_payload(endpoint))
+    return Status(201, endpoint_payload(endpoint, user=request.user))
 
 
-@router.get("", response=list[EndpointOut])
+@router.get("", response=list[EndpointOut], exclude_unset=True)
 def list_endpoints(request: HttpRequest):
-    return [endpoint_payload(e) for e in Endpoint.objects.order_by("address")]
+    return [endpoint_payload(e, user=request.user) for e in Endpoint.objects.order_by("address")]
 
 
-@router.get("/{address}", response=EndpointOut)
+@router.get("/{address}", response=EndpointOut, exclude_unset=True)
 def get_endpoint(request: HttpRequest, address: str):
-    return endpoint_payload(resolve_endpoint(address))
+    return endpoint_payload(resolve_endpoint(address), user=request.user)
 
 
-@router.patch("/{address}", response=EndpointOut)
+@router.patch("/{address}", response=EndpointOut, exclude_unset=True)
 def patch_endpoint(request: HttpRequest, address: str, payload: EndpointPatch):
     require_staff(request)
     changes = payload.model_dump(exclude_unset=True)
     endpoint = services.update_endpoint(
         address=address, changes=changes, actor=f"user:{request.user.username}"
     )
-    return endpoint_payload(endpoint)
+    return endpoint_payload(endpoint, user=request.user)
 
 
 # --- Turns ----------------------------------------------------------------------

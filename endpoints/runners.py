@@ -28,6 +28,10 @@ import httpx
 
 from config import outbound, tracing
 from config.errors import Invalid
+from config.secrets import SecretMissing
+
+from . import runner_spec
+from .runner_spec import ISOLATIONS, KILL_AFTER_MAX_S
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +212,13 @@ def not_allowed(runner: dict[str, Any]) -> str | None:
 
 def run(ctx: TurnContext) -> Outcome:
     kind = ctx.runner.get("kind")
+    # A runner stored before its kind's schema (an unknown field, a literal
+    # credential) is not run: fixing it is an owner's change (check_runners
+    # lists them), and running it would send what the schema refuses.
+    invalid = runner_spec.problem(ctx.runner)
+    if invalid:
+        log.warning("turn %s refused: its runner does not fit the schema: %s", ctx.turn_id, invalid)
+        return Outcome.failure({"code": "runner_invalid", "detail": invalid})
     # Again before every turn: an endpoint configured before the operator
     # narrowed the allow-list must not keep running what is now refused.
     refused = not_allowed(ctx.runner)
@@ -236,16 +247,17 @@ def run(ctx: TurnContext) -> Outcome:
     return redact_token(outcome, ctx.token)
 
 
-def _redacted(value: Any, token: str) -> Any:
+def _redacted(value: Any, token: str, label: str = "[turn token]") -> Any:
     if isinstance(value, str):
-        return value.replace(token, "[turn token]")
+        return value.replace(token, label)
     if isinstance(value, dict):
-        return {_redacted(k, token): _redacted(v, token) for k, v in value.items()}
+        return {_redacted(k, token, label): _redacted(v, token, label) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_redacted(v, token) for v in value]
+        return [_redacted(v, token, label) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {
-            f.name: _redacted(getattr(value, f.name), token) for f in dataclasses.fields(value)
+            f.name: _redacted(getattr(value, f.name), token, label)
+            for f in dataclasses.fields(value)
         }
         return dataclasses.replace(value, **changes)
     return value
@@ -275,9 +287,7 @@ def coerce(value: Any) -> Outcome:
 
 # --- python ----------------------------------------------------------------------------
 
-PROCESS, INLINE = "process", "inline"
-ISOLATIONS = (PROCESS, INLINE)
-KILL_AFTER_MAX_S = 60.0
+PROCESS, INLINE = ISOLATIONS
 
 
 def isolation(runner: dict[str, Any]) -> str:
@@ -465,9 +475,26 @@ def _from_reply(body: Any, source: str) -> Outcome:
 
 
 def _run_http(ctx: TurnContext) -> Outcome:
-    """POST the envelope to the agent. 200 with a reply finishes the turn;
-    202 means the agent answers later via ``POST /api/v1/turns/{id}/result``
-    (and heartbeats through the API meanwhile)."""
+    """POST the envelope to the agent with the runner's headers, their named
+    secrets resolved on this host now (never stored: an agent that echoes
+    one back has it replaced by ``[secret NAME]`` before the ledger sees the
+    outcome). ``auth`` puts its secret in ``Authorization``; without it that
+    header carries the turn's token (always in the envelope too)."""
+    try:
+        configured, resolved = runner_spec.secret_headers(ctx.runner)
+    except SecretMissing as exc:
+        return Outcome.failure({"code": "secret_missing", "detail": exc.detail})
+    outcome = _post_to_agent(ctx, configured)
+    for value, name in resolved.items():
+        if value and value in repr(outcome):
+            outcome = _redacted(outcome, value, f"[secret {name}]")
+    return outcome
+
+
+def _post_to_agent(ctx: TurnContext, configured: dict[str, str]) -> Outcome:
+    """200 with a reply finishes the turn; 202 means the agent answers later
+    via ``POST /api/v1/turns/{id}/result`` (and heartbeats through the API
+    meanwhile)."""
     timeout = float(ctx.runner.get("timeout_s", 30))
     url = ctx.runner["url"]
     # The URL policy again, now (it was checked when the endpoint was set,
@@ -488,7 +515,11 @@ def _run_http(ctx: TurnContext) -> Outcome:
             json=ctx.envelope(),
             # The turn's own credential: the agent answers (and heartbeats)
             # through the turn API with it, and can tell this call is ours.
-            headers={"Authorization": f"Bearer {ctx.token}", **tracing.outgoing_headers()},
+            headers={
+                "Authorization": f"Bearer {ctx.token}",
+                **configured,
+                **tracing.outgoing_headers(),
+            },
             timeout=timeout,
         )
     except httpx.HTTPError as exc:
@@ -513,12 +544,18 @@ def cancel_http_turn(runner: dict[str, Any], turn_id: uuid.UUID, seq: int) -> No
         return
     try:
         target = outbound.resolve_target(url, label="agent cancel")
-    except Invalid as exc:
+        # The same credentials as the turn's POST, resolved on this host.
+        headers, _ = runner_spec.secret_headers(runner)
+    except Invalid as exc:  # the URL policy, or a secret this host lacks
         log.warning("cancel of turn %s not sent to %s: %s", turn_id, url, exc.detail)
         return
     try:
         outbound.post_pinned(
-            url=url, target=target, json={"turn": str(turn_id), "seq": seq}, timeout=5
+            url=url,
+            target=target,
+            json={"turn": str(turn_id), "seq": seq},
+            headers=headers,
+            timeout=5,
         )
     except httpx.HTTPError as exc:
         log.warning("cancel of turn %s at %s failed: %s", turn_id, url, exc)

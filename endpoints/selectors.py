@@ -14,6 +14,7 @@ from django.db.models import Q
 from config.errors import NotFound
 from tickets.selectors import iso
 
+from . import runner_spec
 from .models import (
     TURN_ACTIVE_STATES,
     BusyPolicy,
@@ -133,35 +134,54 @@ def is_locked(endpoint: Endpoint) -> bool:
     return EndpointLock.objects.filter(endpoint=endpoint, holder__isnull=False).exists()
 
 
-def endpoint_payload(endpoint: Endpoint) -> dict[str, Any]:
-    """The endpoint as the API and the console show it, read in one
-    snapshot: on PostgreSQL, outside a caller's transaction, its reads run
-    in one REPEATABLE READ transaction (the endpoint row read again in it).
-    Read one by one, a quarantine that committed between two of them showed
-    an open case beside the state ``available`` (CI, 2026-12-01)."""
+def sees_configuration(user, endpoint: Endpoint) -> bool:
+    """May ``user`` see the endpoint's runner settings and who may submit to
+    it (API.md "Runner details are for owners and staff")? Its owners and
+    staff; everyone else sees the runner's kind only and no submitter list.
+    Reads the user's cached owned ids, so a list asks once."""
+    owned = owned_endpoint_ids(user)
+    return owned is None or endpoint.id in owned
+
+
+def endpoint_payload(endpoint: Endpoint, *, user) -> dict[str, Any]:
+    """The endpoint as the API and the console show it to ``user``, read in
+    one snapshot: on PostgreSQL, outside a caller's transaction, its reads
+    run in one REPEATABLE READ transaction (the endpoint row read again in
+    it). Read one by one, a quarantine that committed between two of them
+    showed an open case beside the state ``available`` (CI, 2026-12-01).
+    The runner's settings and the submitter list only to its owners and
+    staff (``sees_configuration``); to others ``runner`` is ``{kind}`` and
+    ``submitters`` is left out."""
+    full = sees_configuration(user, endpoint)
     if connection.vendor != "postgresql" or connection.in_atomic_block:
-        return _endpoint_payload(endpoint)
+        return _endpoint_payload(endpoint, full=full)
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        return _endpoint_payload(Endpoint.objects.select_related("owners").get(id=endpoint.id))
+        return _endpoint_payload(
+            Endpoint.objects.select_related("owners").get(id=endpoint.id), full=full
+        )
 
 
-def _endpoint_payload(endpoint: Endpoint) -> dict[str, Any]:
+def _endpoint_payload(endpoint: Endpoint, *, full: bool) -> dict[str, Any]:
     from tickets.models import Ticket, TicketState
 
     lock = EndpointLock.objects.filter(endpoint=endpoint).first()
     case = open_case_id(endpoint.id)
+    configuration: dict[str, Any] = (
+        {"runner": endpoint.runner, "submitters": submitters_payload(endpoint)}
+        if full
+        else {"runner": runner_spec.public_view(endpoint.runner)}
+    )
     return {
         "address": endpoint.address,
         "aliases": list(endpoint.aliases.values_list("alias", flat=True)),
-        "runner": endpoint.runner,
+        **configuration,
         "owners": (
             sorted(endpoint.owners.user_set.values_list("username", flat=True))
             if endpoint.owners_id
             else []
         ),
-        "submitters": submitters_payload(endpoint),
         "state": endpoint.state,
         "lock": {
             "holder_turn": str(lock.holder_id) if lock and lock.holder_id else None,

@@ -16,7 +16,7 @@ from django.utils import timezone
 from config import outbound
 from config.errors import Invalid, NotFound
 
-from . import runners
+from . import runner_spec, runners
 from .models import BusyPolicy, Endpoint, EndpointAlias, EndpointEvent, EndpointLock, RunnerKind
 from .selectors import resolve_endpoint, submitters_payload
 
@@ -28,47 +28,18 @@ MAX_BUDGET_S = (
 
 
 def validate_runner(runner: Any) -> dict[str, Any]:
-    """The runner's shape, then the operator's allow-list (API.md: "Runners
-    a staff key may set come from the operator's allow-list"): a python path
-    or command executable outside it, or an http URL the webhook URL policy
-    refuses (private, loopback and link-local hosts unless listed in
-    DELIVERY_ALLOWED_HOSTS), is 400 ``invalid`` naming the runner."""
-    if not isinstance(runner, dict):
-        raise Invalid("runner must be an object with a kind")
-    kind = runner.get("kind")
-    if kind == RunnerKind.PYTHON:
-        path = runner.get("path")
-        if not isinstance(path, str) or not re.fullmatch(r"[\w.]+\.[\w]+", path or ""):
-            raise Invalid("a python runner needs path: a dotted path to a callable")
-        if "isolation" in runner and runner["isolation"] not in runners.ISOLATIONS:
-            raise Invalid(f"isolation must be one of {', '.join(runners.ISOLATIONS)}")
-    elif kind == RunnerKind.COMMAND:
-        argv = runner.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise Invalid("a command runner needs argv: a non-empty list of strings")
-    elif kind == RunnerKind.HTTP:
+    """The runner's schema (``runner_spec``: its kind's fields only, typed,
+    credentials only as named secrets), then the operator's allow-list
+    (API.md: "Runners a staff key may set come from the operator's
+    allow-list"): a python path or command executable outside it, or an
+    http URL the webhook URL policy refuses (private, loopback and
+    link-local hosts unless listed in DELIVERY_ALLOWED_HOSTS), is 400
+    ``invalid`` naming the field or the runner."""
+    runner_spec.check(runner)
+    if runner["kind"] == RunnerKind.HTTP:
         for key in ("url", "cancel_url"):
-            url = runner.get(key)
-            required = key == "url" or url is not None
-            if required and (
-                not isinstance(url, str) or not url.startswith(("http://", "https://"))
-            ):
-                raise Invalid(f"an http runner needs {key}: an http(s) URL")
-            if url is not None:
-                _check_runner_url(key, url)
-    else:
-        raise Invalid(f"runner kind must be one of {', '.join(RunnerKind.values)}")
-    if "kill_after_s" in runner:
-        value = runner["kill_after_s"]
-        if (
-            not isinstance(value, int | float)
-            or isinstance(value, bool)
-            or not 0 < value <= runners.KILL_AFTER_MAX_S
-        ):
-            raise Invalid(
-                f"kill_after_s must be a number of seconds above 0 and at most "
-                f"{runners.KILL_AFTER_MAX_S:g}"
-            )
+            if runner.get(key) is not None:
+                _check_runner_url(key, runner[key])
     refused = runners.not_allowed(runner)
     if refused:
         raise Invalid(refused, runner=runner)

@@ -470,6 +470,32 @@ def test_only_who_sees_a_ticket_of_a_trace_adds_to_it(client, actor, via, settin
         assert {t["trace_id"] for t in admitted} == {trace_id}
 
 
+@pytest.mark.parametrize("actor", USERS)
+def test_runner_settings_and_submitter_lists_only_to_owners_and_staff(client, actor):
+    """API.md "Runner details are for owners and staff": the API's endpoint
+    routes and the console's endpoint page show everyone the address, state,
+    budgets and policies; the runner's settings and who may submit only to
+    the endpoint's owners and staff."""
+    world = World()
+    address = world.endpoint("m.conf", submitters={"users": ["submitter"]})
+    full = actor in ("owner", "staff")
+    key = world.keys[actor]
+    one = _call(client, "GET", f"/endpoints/{address}", None, key).json()
+    listed = next(
+        e for e in _call(client, "GET", "/endpoints", None, key).json() if e["address"] == address
+    )
+    for body in (one, listed):
+        assert body["state"] == "available" and body["busy_policy"] == "enqueue"
+        assert {"turn_budget_s", "interrupt_grace_s", "requires_approval"} <= set(body)
+        assert ("endpoints.demo.echo" in json.dumps(body)) == full, (actor, body)
+        assert ("submitters" in body) == full, (actor, body)
+        assert body["runner"]["kind"] == "python"
+    client.force_login(world.users[actor])
+    page = client.get(f"/endpoints/{address}/").content.decode()
+    assert ("endpoints.demo.echo" in page) == full, actor
+    assert ("<code>submitter</code>" in page) == full, actor
+
+
 # --- The console matrix: pages that show one object ---------------------------------------------
 
 CONSOLE_USERS = ("stranger", "submitter", "owner", "staff")

@@ -125,6 +125,8 @@ def test_an_endpoint_is_shown_from_one_snapshot(make_endpoint, monkeypatch):
         return found
 
     monkeypatch.setattr(selectors, "open_case_id", meanwhile)
-    assert selectors.endpoint_payload(endpoint)["queued"] == 0  # as of the snapshot
+    assert selectors.endpoint_payload(endpoint, user=None)["queued"] == 0  # as of the snapshot
     monkeypatch.setattr(selectors, "open_case_id", original)
-    assert selectors.endpoint_payload(endpoint)["queued"] == 1  # committed: seen next time
+    assert (
+        selectors.endpoint_payload(endpoint, user=None)["queued"] == 1
+    )  # committed: seen next time

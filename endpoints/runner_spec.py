@@ -1,0 +1,241 @@
+"""The runner dict's schema: which fields each kind takes, their types, and
+where a credential may appear (only as a named secret, ``config/secrets.py``).
+
+``problem(runner)`` is the one check, pure (no DNS, no settings but the
+limits): the API refuses a runner it finds fault with (400 ``invalid``
+naming the field), the worker refuses to run one (a row stored before the
+schema), and ``manage.py check_runners`` lists them. Messages name fields and
+secrets, never a value.
+
+- ``python``: ``path``, ``isolation`` (``process`` | ``inline``), ``kill_after_s``.
+- ``command``: ``argv``, ``cwd``, ``kill_after_s``.
+- ``http``: ``url``, ``cancel_url``, ``timeout_s``, ``auth: {"secret": NAME}``
+  (sent as ``Authorization: Bearer <value>``), ``headers: {name: text |
+  {"secret": NAME}}``.
+
+A literal credential is refused where it can be recognised: a header whose
+name says it carries one (``Authorization``, ``Cookie``, ``X-Api-Key``,
+``*token*``...) or whose value starts with an auth scheme (``Bearer ...``),
+a URL with user information (``user:pass@``) or a query parameter named like
+a credential (``api_key=``, ``token=``, ``sig=``...), an argv item
+``--token=...``. Secrets are resolved on the worker when the turn runs
+(``secret_headers``), so the runner dict, the ledger and every screen hold
+names only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from config.errors import Invalid
+from config.limits import URL_CHARS
+from config.secrets import check_name, secret
+
+KINDS = ("python", "command", "http")
+ISOLATIONS = ("process", "inline")
+KILL_AFTER_MAX_S = 60.0
+TIMEOUT_MAX_S = 300.0
+MAX_HEADERS = 20
+HEADER_VALUE_CHARS = 1000
+
+FIELDS: dict[str, frozenset[str]] = {
+    "python": frozenset({"kind", "path", "isolation", "kill_after_s"}),
+    "command": frozenset({"kind", "argv", "cwd", "kill_after_s"}),
+    "http": frozenset({"kind", "url", "cancel_url", "timeout_s", "auth", "headers"}),
+}
+
+# Names that say "this carries a credential": a header, a query parameter or
+# an argv option so named must not hold a literal value. Words that rarely
+# mean anything else match anywhere (``accessToken``, ``X-Amz-Signature``);
+# short ones only as a whole word (``key=``, not ``monkey=``).
+_CREDENTIAL_ANYWHERE = re.compile(
+    r"token|secret|passw|api[_-]?key|signature|credential|cookie|jwt|bearer|authoriz",
+    re.IGNORECASE,
+)
+_CREDENTIAL_WORD = re.compile(
+    r"(?:^|[^a-z0-9])(?:key|sig|auth|session|sessionid|pwd|pass)(?:$|[^a-z0-9])", re.IGNORECASE
+)
+
+
+def names_credential(name: str) -> bool:
+    return bool(_CREDENTIAL_ANYWHERE.search(name) or _CREDENTIAL_WORD.search(name))
+
+
+_AUTH_SCHEME = re.compile(r"^\s*(?:bearer|basic|token|digest|negotiate|apikey)\s", re.IGNORECASE)
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
+# Headers the runner sets itself: a runner may not replace them.
+_RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "traceparent",
+        "tracestate",
+    }
+)
+_ARGV_OPTION = re.compile(r"^-{0,2}([A-Za-z0-9_.-]+)=(.+)$", re.DOTALL)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _secret_ref(value: Any, where: str) -> str:
+    """``{"secret": NAME}`` -> NAME; anything else is a problem naming ``where``."""
+    if not isinstance(value, dict) or set(value) != {"secret"}:
+        raise Invalid(f'{where} must be {{"secret": NAME}}')
+    try:
+        return check_name(value["secret"])
+    except Invalid as exc:
+        raise Invalid(f"{where}: {exc.detail}") from None
+
+
+def _check_url(key: str, url: Any, *, required: bool) -> None:
+    if url is None and not required:
+        return
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise Invalid(f"an http runner needs {key}: an http(s) URL")
+    if len(url) > URL_CHARS:
+        raise Invalid(f"http runner {key} is over {URL_CHARS} characters")
+    try:
+        parts = urlsplit(url)
+        has_userinfo = parts.username is not None or parts.password is not None
+    except ValueError:
+        raise Invalid(f"http runner {key} is not a valid URL") from None
+    if has_userinfo or "@" in parts.netloc:
+        raise Invalid(
+            f"http runner {key} carries user information (user:password@): "
+            'send credentials as a named secret ("auth": {"secret": NAME})'
+        )
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if names_credential(name):
+            raise Invalid(
+                f"http runner {key} has a credential in its query string ({name}=): "
+                "send it in a header that names a secret "
+                '("headers": {"X-Api-Key": {"secret": NAME}})'
+            )
+
+
+def _check_headers(headers: Any, *, with_auth: bool) -> None:
+    if not isinstance(headers, dict):
+        raise Invalid("http runner headers must be an object of header name to value")
+    if len(headers) > MAX_HEADERS:
+        raise Invalid(f"http runner headers: at most {MAX_HEADERS}")
+    for name, value in headers.items():
+        where = f"http runner headers.{name}"
+        if not _HEADER_NAME.match(name):
+            raise Invalid(f"http runner header name {name[:100]!r} is not a valid header name")
+        if name.lower() in _RESERVED_HEADERS:
+            raise Invalid(f"{where} is set by the runner itself")
+        if name.lower() == "authorization" and with_auth:
+            raise Invalid(f"{where} and auth both set the Authorization header")
+        if isinstance(value, dict):
+            _secret_ref(value, where)
+            continue
+        if not isinstance(value, str) or len(value) > HEADER_VALUE_CHARS:
+            raise Invalid(
+                f'{where} must be text (at most {HEADER_VALUE_CHARS}) or {{"secret": NAME}}'
+            )
+        if "\r" in value or "\n" in value or not value.isprintable():
+            raise Invalid(f"{where} must be printable text on one line")
+        if names_credential(name) or _AUTH_SCHEME.match(value):
+            raise Invalid(
+                f'{where} looks like a credential: name a secret instead ({{"secret": NAME}}, '
+                "resolved on the worker host)"
+            )
+
+
+def _check_argv(argv: Any) -> None:
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise Invalid("a command runner needs argv: a non-empty list of strings")
+    for i, item in enumerate(argv):
+        option = _ARGV_OPTION.match(item)
+        if option and names_credential(option.group(1)):
+            raise Invalid(
+                f"command runner argv[{i}] passes a credential ({option.group(1)}=) "
+                "on the command line: commands get no literal credentials"
+            )
+
+
+def check(runner: Any) -> None:
+    """Raise ``Invalid`` naming the first field at fault; return if none."""
+    if not isinstance(runner, dict):
+        raise Invalid("runner must be an object with a kind")
+    kind = runner.get("kind")
+    if kind not in FIELDS:
+        raise Invalid(f"runner kind must be one of {', '.join(KINDS)}")
+    unknown = sorted(str(k) for k in set(runner) - FIELDS[kind])
+    if unknown:
+        raise Invalid(
+            f"a {kind} runner has no field {', '.join(unknown)} "
+            f"(it takes {', '.join(sorted(FIELDS[kind] - {'kind'}))})"
+        )
+    if "kill_after_s" in runner:
+        value = runner["kill_after_s"]
+        if not _is_number(value) or not 0 < value <= KILL_AFTER_MAX_S:
+            raise Invalid(
+                f"kill_after_s must be a number of seconds above 0 and at most {KILL_AFTER_MAX_S:g}"
+            )
+    if kind == "python":
+        path = runner.get("path")
+        if not isinstance(path, str) or not re.fullmatch(r"[\w.]+\.[\w]+", path or ""):
+            raise Invalid("a python runner needs path: a dotted path to a callable")
+        if "isolation" in runner and runner["isolation"] not in ISOLATIONS:
+            raise Invalid(f"isolation must be one of {', '.join(ISOLATIONS)}")
+    elif kind == "command":
+        _check_argv(runner.get("argv"))
+        if "cwd" in runner and not (isinstance(runner["cwd"], str) and runner["cwd"]):
+            raise Invalid("a command runner's cwd must be a directory path")
+    else:
+        _check_url("url", runner.get("url"), required=True)
+        _check_url("cancel_url", runner.get("cancel_url"), required=False)
+        if "timeout_s" in runner and not (
+            _is_number(runner["timeout_s"]) and 0 < runner["timeout_s"] <= TIMEOUT_MAX_S
+        ):
+            raise Invalid(
+                f"timeout_s must be a number of seconds above 0 and at most {TIMEOUT_MAX_S:g}"
+            )
+        if "auth" in runner:
+            _secret_ref(runner["auth"], "http runner auth")
+        if "headers" in runner:
+            _check_headers(runner["headers"], with_auth="auth" in runner)
+
+
+def problem(runner: Any) -> str | None:
+    """What is wrong with a runner dict (``check``), or None."""
+    try:
+        check(runner)
+    except Invalid as exc:
+        return exc.detail
+    return None
+
+
+def secret_headers(runner: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The http runner's configured headers with their secrets resolved on
+    this host, and ``{value: secret name}`` of the values resolved (for
+    redacting them from anything the agent sends back). Raises
+    ``config.secrets.SecretMissing`` naming a secret this host lacks."""
+    headers: dict[str, str] = {}
+    resolved: dict[str, str] = {}
+    for name, value in (runner.get("headers") or {}).items():
+        if isinstance(value, dict):
+            headers[name] = secret(value["secret"])
+            resolved[headers[name]] = value["secret"]
+        else:
+            headers[name] = value
+    auth = runner.get("auth")
+    if auth:
+        value = secret(auth["secret"])
+        headers["Authorization"] = f"Bearer {value}"
+        resolved[value] = auth["secret"]
+    return headers, resolved
+
+
+def public_view(runner: dict[str, Any]) -> dict[str, Any]:
+    """What a caller who neither owns the endpoint nor is staff sees of its
+    runner: the kind, nothing of its settings."""
+    return {"kind": runner.get("kind", "")} if isinstance(runner, dict) else {}
