@@ -166,7 +166,7 @@ def check(runner: Any) -> None:
     if not isinstance(runner, dict):
         raise Invalid("runner must be an object with a kind")
     kind = runner.get("kind")
-    if kind not in FIELDS:
+    if not isinstance(kind, str) or kind not in FIELDS:
         raise Invalid(f"runner kind must be one of {', '.join(KINDS)}")
     unknown = sorted(str(k) for k in set(runner) - FIELDS[kind])
     if unknown:

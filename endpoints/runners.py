@@ -544,8 +544,12 @@ def cancel_http_turn(runner: dict[str, Any], turn_id: uuid.UUID, seq: int) -> No
         return
     try:
         target = outbound.resolve_target(url, label="agent cancel")
-        # The same credentials as the turn's POST, resolved on this host.
-        headers, _ = runner_spec.secret_headers(runner)
+        # The same credentials as the turn's POST, resolved on this host (a
+        # runner stored before the schema, whose turn started before the
+        # upgrade, gets its cancel without them, as it did then).
+        headers: dict[str, str] = {}
+        if runner_spec.problem(runner) is None:
+            headers, _ = runner_spec.secret_headers(runner)
     except Invalid as exc:  # the URL policy, or a secret this host lacks
         log.warning("cancel of turn %s not sent to %s: %s", turn_id, url, exc.detail)
         return

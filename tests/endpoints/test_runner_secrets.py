@@ -34,6 +34,7 @@ API_KEY = "AGENTKEY-77a0d2"
 REFUSED = [
     # (runner, what the 400 names)
     ({**ECHO, "api_key": API_KEY}, "api_key"),
+    ({"kind": ["http"], "url": "https://agent.example/t"}, "kind"),
     ({**ECHO, "argv": ["x"]}, "argv"),
     ({"kind": "command", "argv": ["/usr/bin/true"], "url": "http://x"}, "url"),
     ({"kind": "http", "url": f"https://agent.example/turn?api_key={API_KEY}"}, "api_key="),
@@ -199,6 +200,21 @@ def test_named_secrets_are_sent_resolved_and_kept_nowhere(agent, caplog):
     for value in (AGENT_SECRET, API_KEY):
         assert value not in ledger
         assert value not in caplog.text
+
+
+def test_the_cancel_request_carries_the_same_credentials(agent):
+    import uuid
+
+    from endpoints import runners
+
+    runner = {
+        "kind": "http",
+        "url": f"{agent.url}/turn",
+        "cancel_url": f"{agent.url}/cancel",
+        "auth": {"secret": "RESEARCH_AGENT_TOKEN"},
+    }
+    runners.cancel_http_turn(runner, uuid.uuid4(), 3)
+    assert agent.headers[0]["authorization"] == f"Bearer {AGENT_SECRET}"
 
 
 def test_a_secret_the_host_lacks_fails_the_turn_naming_it(agent):
