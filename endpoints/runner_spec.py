@@ -42,7 +42,7 @@ HEADER_VALUE_CHARS = 1000
 
 FIELDS: dict[str, frozenset[str]] = {
     "python": frozenset({"kind", "path", "isolation", "kill_after_s"}),
-    "command": frozenset({"kind", "argv", "cwd", "kill_after_s"}),
+    "command": frozenset({"kind", "argv", "cwd", "kill_after_s", "env"}),
     "http": frozenset({"kind", "url", "cancel_url", "timeout_s", "auth", "headers"}),
 }
 
@@ -190,6 +190,7 @@ def check(runner: Any) -> None:
         _check_argv(runner.get("argv"))
         if "cwd" in runner and not (isinstance(runner["cwd"], str) and runner["cwd"]):
             raise Invalid("a command runner's cwd must be a directory path")
+        _check_command_env(runner.get("env"))
     else:
         _check_url("url", runner.get("url"), required=True)
         _check_url("cancel_url", runner.get("cancel_url"), required=False)
@@ -239,3 +240,35 @@ def public_view(runner: dict[str, Any]) -> dict[str, Any]:
     """What a caller who neither owns the endpoint nor is staff sees of its
     runner: the kind, nothing of its settings."""
     return {"kind": runner.get("kind", "")} if isinstance(runner, dict) else {}
+
+
+# What a command's process inherits from the worker: enough to run a program,
+# nothing that opens the ledger (DATABASE_URL, SECRET_KEY, the signing secret).
+COMMAND_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _check_command_env(env: object) -> None:
+    """``env``: ``{NAME: {"secret": SECRET_NAME}}``, the only way a command
+    gets a credential (a literal value would sit in the runner dict)."""
+    if env is None:
+        return
+    if not isinstance(env, dict) or len(env) > MAX_HEADERS:
+        raise Invalid(f"a command runner's env is an object of at most {MAX_HEADERS} names")
+    for name, ref in env.items():
+        if not _ENV_NAME.match(name):
+            raise Invalid("a command runner's env names are letters, digits and _")
+        if not (isinstance(ref, dict) and set(ref) == {"secret"}):
+            raise Invalid(
+                f'env {name} must be {{"secret": NAME}}: a command gets values by secret name only'
+            )
+        check_name(ref["secret"])
+
+
+def command_env(runner: dict, base: dict[str, str]) -> dict[str, str]:
+    """The environment a command runs with: the few names of ``base`` in
+    ``COMMAND_BASE_ENV`` and the runner's secrets, resolved on this host."""
+    env = {k: base[k] for k in COMMAND_BASE_ENV if k in base}
+    for name, ref in (runner.get("env") or {}).items():
+        env[name] = secret(ref["secret"])
+    return env

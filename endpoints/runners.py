@@ -355,6 +355,12 @@ def _run_command(ctx: TurnContext) -> Outcome:
     status from ``waitpid`` is the stop evidence."""
     argv = ctx.runner["argv"]
     kill_after = kill_after_s(ctx.runner, ctx.interrupt_grace_s)
+    # Never the worker's own environment: it holds the database URL and the
+    # project's secrets. SecretMissing fails the turn before anything runs.
+    try:
+        env = runner_spec.command_env(ctx.runner, dict(os.environ))
+    except SecretMissing as exc:
+        return Outcome.failure({"code": "secret_missing", "detail": exc.detail})
     try:
         proc = subprocess.Popen(  # noqa: S603 - argv comes from staff-managed config
             argv,
@@ -363,6 +369,7 @@ def _run_command(ctx: TurnContext) -> Outcome:
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: an interrupt stops all of it
             cwd=ctx.runner.get("cwd") or None,
+            env=env,
         )
     except OSError as exc:
         raise RunnerError(f"cannot start {argv[0]!r}: {exc}") from exc

@@ -86,6 +86,7 @@ def wait_for(
 # processes get the same lists through _test_env.
 TEST_RUNNER_PYTHON_PREFIXES = ["endpoints.demo.", "tests."]
 TEST_RUNNER_COMMANDS = [sys.executable]
+TEST_RUNNER_SECRET = "worker-held-secret-value"
 
 
 @pytest.fixture(autouse=True)
@@ -204,6 +205,9 @@ def _test_env() -> dict[str, str]:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["RUNNER_PYTHON_ALLOWED_PREFIXES"] = ",".join(settings.RUNNER_PYTHON_ALLOWED_PREFIXES)
     env["RUNNER_COMMAND_ALLOWED"] = ",".join(settings.RUNNER_COMMAND_ALLOWED)
+    # One named secret the workers hold, for runners that reference it.
+    env["RUNNER_SECRET_NAMES"] = "TEST_RUNNER_SECRET"
+    env["TEST_RUNNER_SECRET"] = TEST_RUNNER_SECRET
     return env
 
 

@@ -15,7 +15,8 @@ import pytest
 from config.celery import app as celery_app
 from config.dispatch import RUN_TICKET
 from endpoints.models import Endpoint, EndpointLock, Turn
-from tests.conftest import broker_queue_length, purge_broker, wait_for
+from endpoints.runner_spec import COMMAND_BASE_ENV
+from tests.conftest import TEST_RUNNER_SECRET, broker_queue_length, purge_broker, wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
@@ -261,6 +262,42 @@ def test_command_runner_result_and_history(worker, make_endpoint):
     wait_for(terminal([second.id]), message="second")
     assert Ticket.objects.get(id=first.id).result == {"n": 0, "got": {"a": 1}}
     assert Ticket.objects.get(id=second.id).result == {"n": 1, "got": {"a": 2}}
+
+
+def test_command_gets_named_secrets_and_not_the_workers_environment(worker, make_endpoint):
+    code = (
+        "import json,os,sys; json.load(sys.stdin); print(json.dumps({'result': dict(os.environ)}))"
+    )
+    make_endpoint(
+        "envcmd",
+        runner={
+            "kind": "command",
+            "argv": [sys.executable, "-c", code],
+            "env": {"AGENT_TOKEN": {"secret": "TEST_RUNNER_SECRET"}},
+        },
+    )
+    ticket = admit_ticket(endpoint="envcmd", input={}).ticket
+    wait_for(terminal([ticket.id]), message="the command ticket")
+    seen = Ticket.objects.get(id=ticket.id).result
+    assert seen["AGENT_TOKEN"] == TEST_RUNNER_SECRET
+    assert not {"DATABASE_URL", "SECRET_KEY", "CELERY_BROKER_URL"} & set(seen)
+    assert set(seen) <= {"AGENT_TOKEN", *COMMAND_BASE_ENV}
+
+
+def test_command_with_a_secret_this_host_lacks_fails_before_running(worker, make_endpoint):
+    make_endpoint(
+        "nosecret",
+        runner={
+            "kind": "command",
+            "argv": [sys.executable, "-c", "print('{}')"],
+            "env": {"AGENT_TOKEN": {"secret": "NOT_HELD_HERE"}},
+        },
+    )
+    ticket = admit_ticket(endpoint="nosecret", input={}).ticket
+    wait_for(terminal([ticket.id]), message="the command ticket")
+    t = Ticket.objects.get(id=ticket.id)
+    assert t.state == "failed" and t.error["code"] == "secret_missing"
+    assert "NOT_HELD_HERE" in t.error["detail"]
 
 
 def test_demo_endpoints_work_through_the_worker(worker, api):
