@@ -37,13 +37,8 @@ help: ## list the targets
 
 install: .venv/.installed ## the virtual environment at .venv/ from the lock file
 
-run: install ## migrate, seed the demo, start web + worker + beat on the embedded default
-	$(PY) manage.py migrate --no-input -v0
-	$(PY) manage.py seed_demo --allow-production
-	@echo "Starting web (http://127.0.0.1:8000), workers and beat; Ctrl-C stops all of them."
-	@# One metrics directory for web and workers (docs/operations.md), empty at each start.
-	rm -rf var/metrics && mkdir -p var/metrics
-	PROMETHEUS_MULTIPROC_DIR=$(CURDIR)/var/metrics $(PY) scripts/procs.py start -f Procfile
+run: ## install what running needs, start embedded PostgreSQL + Redis, migrate, seed, web + workers + beat
+	@python3 scripts/run.py
 
 services: ## start the machine's PostgreSQL and Redis if they are stopped
 	@scripts/services.sh
@@ -98,5 +93,5 @@ bench-http: bench-install services ## gunicorn + wrk: POST /api/v1/tickets again
 bench-scale: bench-install services ## reads, pages and sweeps at 10k and 1M tickets; bytes per ticket
 	$(PY) bench/scale.py
 
-clean: ## remove the virtual environment and var/
+clean: ## remove the virtual environment and var/ (the embedded servers' data too)
 	rm -rf .venv var

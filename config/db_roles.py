@@ -19,6 +19,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from config.embedded import unquote_host
+
 _ROLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 
 # Every table that carries config/append_only.py's row trigger: tables made
@@ -86,8 +88,8 @@ def grant_after_migrate(sender, *, using: str, plan=None, **kwargs) -> None:
         return  # `flush` sends post_migrate too; it changes rows, not privileges
     role = settings.DATABASE_APP_ROLE
     connection = connections[using]
-    if not role or connection.vendor != "postgresql":
-        return  # one role (or SQLite): nothing to grant
+    if not role:
+        return  # one role: nothing to grant
     with connection.cursor() as cur:
         cur.execute("SELECT current_user")
         if cur.fetchone()[0] == role:
@@ -98,7 +100,7 @@ def grant_after_migrate(sender, *, using: str, plan=None, **kwargs) -> None:
 def connect_as(connection: BaseDatabaseWrapper, url: str) -> None:
     """Point this thread's ``connection`` at ``url`` (another role), keeping
     its options. The next query opens a new connection."""
-    parsed = environ.Env.db_url_config(url)
+    parsed = unquote_host(environ.Env.db_url_config(url))
     connection.close()
     connection.settings_dict = {
         **connection.settings_dict,

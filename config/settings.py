@@ -1,8 +1,9 @@
 """Settings, read from the environment in one place (see the README's table).
 
-The embedded default needs no services: SQLite under ``var/`` and Celery's
-filesystem transport under ``var/broker/``. Production and the test suite set
-``DATABASE_URL`` (PostgreSQL) and ``CELERY_BROKER_URL`` (Redis).
+With no ``DATABASE_URL`` / ``CELERY_BROKER_URL``, the embedded default:
+the PostgreSQL cluster and Redis server that `make run` starts under
+``var/``, on the unix sockets config/embedded.py names. Production and the
+test suite set both to their servers.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from pathlib import Path
 
 import environ
 
+from config import embedded
 from config.logs import logging_config as logs_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
-VAR_DIR = Path(env.str("CLAIMCHECK_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR_DIR = embedded.var_dir()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
@@ -102,42 +104,40 @@ TEMPLATES = [
 # --- Database -------------------------------------------------------------
 DB_CONN_MAX_AGE = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASE_POOL_MAX = env.int("DATABASE_POOL_MAX", default=0)
+# No DATABASE_URL: the embedded cluster, as the application role; `migrate`
+# then connects as its owner role (DATABASE_MIGRATE_URL below).
+_EMBEDDED_DB = not env.str("DATABASE_URL", default="")
 DATABASES = {
-    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+    "default": embedded.unquote_host(
+        env.db_url_config(
+            env.str("DATABASE_URL", default="") or embedded.database_url(embedded.APP_ROLE, VAR_DIR)
+        )
+    ),
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # IMMEDIATE: a writer takes the database lock at BEGIN, so writers
-    # serialise and the row-lock rules of the runtime still hold on one host.
-    DATABASES["default"]["OPTIONS"] = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+DATABASES["default"].setdefault("CONN_MAX_AGE", DB_CONN_MAX_AGE)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Django's own psycopg pool, for a web tier without PgBouncer: a gthread
+# process's threads share DATABASE_POOL_MAX connections instead of
+# holding one each, and a thread that finds none free waits up to
+# DATABASE_POOL_TIMEOUT_S (then 503 unavailable). Persistent
+# connections and a pool exclude each other (Django refuses both).
+# Celery processes drop it (config/celery.py): a prefork child runs one
+# task at a time, and a pool's connections must not cross a fork.
+if DATABASE_POOL_MAX:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": min(env.int("DATABASE_POOL_MIN", default=1), DATABASE_POOL_MAX),
+        "max_size": DATABASE_POOL_MAX,
+        "timeout": env.float("DATABASE_POOL_TIMEOUT_S", default=5.0),
     }
-else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", DB_CONN_MAX_AGE)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    # Django's own psycopg pool, for a web tier without PgBouncer: a gthread
-    # process's threads share DATABASE_POOL_MAX connections instead of
-    # holding one each, and a thread that finds none free waits up to
-    # DATABASE_POOL_TIMEOUT_S (then 503 unavailable). Persistent
-    # connections and a pool exclude each other (Django refuses both).
-    # Celery processes drop it (config/celery.py): a prefork child runs one
-    # task at a time, and a pool's connections must not cross a fork.
-    if DATABASE_POOL_MAX:
-        DATABASES["default"]["CONN_MAX_AGE"] = 0
-        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": min(env.int("DATABASE_POOL_MIN", default=1), DATABASE_POOL_MAX),
-            "max_size": DATABASE_POOL_MAX,
-            "timeout": env.float("DATABASE_POOL_TIMEOUT_S", default=5.0),
-        }
-    # Prepared statements only where asked for (prepare=True): the admission
-    # hot path. Django's own queries keep being planned per execution.
-    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
-    # A database host that does not answer fails the connect in seconds (a
-    # 503 with Retry-After, a worker retry) instead of the OS's minutes.
-    DATABASES["default"]["OPTIONS"].setdefault(
-        "connect_timeout", env.int("DB_CONNECT_TIMEOUT_S", default=5)
-    )
+# Prepared statements only where asked for (prepare=True): the admission
+# hot path. Django's own queries keep being planned per execution.
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
+# A database host that does not answer fails the connect in seconds (a
+# 503 with Retry-After, a worker retry) instead of the OS's minutes.
+DATABASES["default"]["OPTIONS"].setdefault(
+    "connect_timeout", env.int("DB_CONNECT_TIMEOUT_S", default=5)
+)
 # The sessions that LISTEN (the web's ticket waits, tickets/waits.py; the
 # workers' dispatcher, endpoints/dispatcher.py) must hold one server session
 # for their whole life: a notification reaches only the session that
@@ -148,7 +148,9 @@ DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
 # DATABASE_MIGRATE_URL (the owner role) when set; after every migrate the
 # application role is granted what web and workers need, and no more. It is
 # DATABASE_URL's user when the two URLs name different users.
-DATABASE_MIGRATE_URL = env.str("DATABASE_MIGRATE_URL", default="")
+DATABASE_MIGRATE_URL = env.str("DATABASE_MIGRATE_URL", default="") or (
+    embedded.database_url(embedded.OWNER_ROLE, VAR_DIR) if _EMBEDDED_DB else ""
+)
 _migrate_user = env.db_url_config(DATABASE_MIGRATE_URL).get("USER") if DATABASE_MIGRATE_URL else ""
 _app_user = DATABASES["default"].get("USER") or ""
 DATABASE_APP_ROLE = env.str("DATABASE_APP_ROLE", default="") or (
@@ -381,29 +383,13 @@ RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
 # 7 days. One source for the cap (endpoints.services) and the broker's
 # visibility timeout below, which must exceed it.
 MAX_TURN_BUDGET_S = 7 * 24 * 3600
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
-CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
-if CELERY_BROKER_URL.startswith("filesystem://"):
-    # Name the (unused) host so kombu does not warn on every connection.
-    if CELERY_BROKER_URL in ("filesystem://", "filesystem:///"):
-        CELERY_BROKER_URL = "filesystem://localhost//"
-    _broker = VAR_DIR / "broker"
-    for _sub in ("in", "processed", "control"):
-        (_broker / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker / "in"),
-        "data_folder_out": str(_broker / "in"),
-        "processed_folder": str(_broker / "processed"),
-        # Exchange tables; kombu's default is ./control in the working directory.
-        "control_folder": str(_broker / "control"),
-        "store_processed": False,
-    }
-else:
-    # The visibility timeout must exceed the longest turn budget
-    # (MAX_TURN_BUDGET_S, the cap endpoints.services enforces), so a message
-    # is never redelivered while its turn may still run; a redelivered message
-    # then finds its ticket no longer queued and does nothing.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": MAX_TURN_BUDGET_S + 3600}
+# No CELERY_BROKER_URL: the embedded Redis on its unix socket.
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or embedded.broker_url(VAR_DIR)
+# The visibility timeout must exceed the longest turn budget
+# (MAX_TURN_BUDGET_S, the cap endpoints.services enforces), so a message
+# is never redelivered while its turn may still run; a redelivered message
+# then finds its ticket no longer queued and does nothing.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": MAX_TURN_BUDGET_S + 3600}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"

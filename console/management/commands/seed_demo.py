@@ -1,13 +1,16 @@
 """Demo endpoints, a demo owner and an API key; safe to run again."""
 
+import os
+
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from console.keys import create_api_key
 from console.models import ApiKey
 from console.owners import create_owner
 from endpoints.models import Endpoint
-from endpoints.services import create_endpoint
+from endpoints.services import add_owner, create_endpoint
 
 DEMO = {
     "demo.echo": "endpoints.demo.echo",
@@ -58,7 +61,15 @@ class Command(BaseCommand):
                     **BUDGETS.get(address, {}),
                 )
                 self.stderr.write(f"created endpoint {address}")
-        create_owner(username=OWNER, password=PASSWORD, endpoints=list(DEMO))
+        # An existing demo owner keeps its password, and so its sessions (a
+        # new password hash logs every console session out): only ownership
+        # of the demo endpoints is made sure of.
+        owner = get_user_model().objects.filter(username=OWNER).first()
+        if owner is None:
+            create_owner(username=OWNER, password=PASSWORD, endpoints=list(DEMO))
+        else:
+            for address in DEMO:
+                add_owner(address=address, user=owner, actor="command:seed_demo")
         key_file = settings.VAR_DIR / "demo_api_key"
         key = key_file.read_text().strip() if key_file.exists() else ""
         prefix = key.split("_")[1] if key.count("_") >= 2 else ""
@@ -66,7 +77,8 @@ class Command(BaseCommand):
             _, key = create_api_key(username=OWNER, name="demo", staff=True)
             key_file.touch(mode=0o600)
             key_file.write_text(key)
+        port = os.environ.get("PORT") or "8000"
         self.stdout.write(
-            f"console: http://127.0.0.1:8000/login/  user {OWNER}  password {PASSWORD}"
+            f"console: http://127.0.0.1:{port}/login/  user {OWNER}  password {PASSWORD}"
         )
         self.stdout.write(f"API key: {key}")
