@@ -1,9 +1,8 @@
 """Database triggers that make a table append-only: UPDATE, DELETE and
 TRUNCATE refused.
 
-Used from migrations; works on PostgreSQL and SQLite so the embedded default
-keeps the same guarantee (SQLite has no TRUNCATE; its DELETE without WHERE
-meets the row trigger).
+Used from migrations: a row trigger refuses UPDATE and DELETE, a statement
+trigger refuses TRUNCATE.
 
 The one privileged path (README, "Database roles"): TRUNCATE goes through
 when the session has set ``claimcheck.allow_truncate = 'on'`` AND the
@@ -78,56 +77,38 @@ def _pg_refuse_truncate(schema_editor, table: str) -> None:
 
 def _forward(tables):
     def run(apps, schema_editor):
-        vendor = schema_editor.connection.vendor
         for table in tables:
-            if vendor == "postgresql":
-                schema_editor.execute(PG_FUNCTION, params=None)
-                schema_editor.execute(
-                    f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
-                    f"FOR EACH ROW EXECUTE FUNCTION claimcheck_append_only();"
-                )
-                _pg_refuse_truncate(schema_editor, table)
-            elif vendor == "sqlite":
-                for op in ("UPDATE", "DELETE"):
-                    schema_editor.execute(
-                        f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
-                        f"BEGIN SELECT RAISE(ABORT, 'append-only table {table}: {op} refused'); "
-                        "END;"
-                    )
-            else:  # pragma: no cover - only the two supported backends
-                raise RuntimeError(f"append-only triggers not written for {vendor}")
+            schema_editor.execute(PG_FUNCTION, params=None)
+            schema_editor.execute(
+                f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
+                f"FOR EACH ROW EXECUTE FUNCTION claimcheck_append_only();"
+            )
+            _pg_refuse_truncate(schema_editor, table)
 
     return run
 
 
 def _backward(tables):
     def run(apps, schema_editor):
-        vendor = schema_editor.connection.vendor
         for table in tables:
-            if vendor == "postgresql":
-                schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table};")
-                schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table};")
-            else:
-                for op in ("update", "delete"):
-                    schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_{op};")
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table};")
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table};")
 
     return run
 
 
 def _forward_truncate(tables):
     def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            for table in tables:
-                _pg_refuse_truncate(schema_editor, table)
+        for table in tables:
+            _pg_refuse_truncate(schema_editor, table)
 
     return run
 
 
 def _backward_truncate(tables):
     def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            for table in tables:
-                schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table};")
+        for table in tables:
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table};")
 
     return run
 

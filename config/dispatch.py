@@ -23,14 +23,10 @@ DISPATCH_CHANNEL = "claimcheck_dispatch"
 
 def wake_dispatcher(using: str = "default") -> None:
     """Notify the dispatcher, delivered when the current transaction commits
-    (PostgreSQL's NOTIFY is transactional; a rollback sends nothing). On
-    SQLite there is no LISTEN: the dispatcher polls."""
+    (PostgreSQL's NOTIFY is transactional; a rollback sends nothing)."""
     from django.db import connections
 
-    conn = connections[using]
-    if conn.vendor != "postgresql":
-        return
-    with conn.cursor() as cur:
+    with connections[using].cursor() as cur:
         cur.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
 
 

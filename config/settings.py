@@ -305,8 +305,8 @@ PROCESS_STOP_TIMEOUT_S = env.float("PROCESS_STOP_TIMEOUT_S", default=60.0)
 REDISPATCH_AFTER_S = env.float("REDISPATCH_AFTER_S", default=10.0)
 # The dispatcher (endpoints/dispatcher.py; a thread of every worker that
 # consumes the control queue) publishes the turns admission marked as owed.
-# On PostgreSQL a NOTIFY wakes it; it also looks every DISPATCHER_POLL_S
-# seconds (the only wake-up on SQLite, where there is no LISTEN).
+# A NOTIFY wakes it; it also looks every DISPATCHER_POLL_S seconds, for a
+# notification lost while its LISTEN connection was down.
 DISPATCHER_ENABLED = env.bool("DISPATCHER_ENABLED", default=True)
 DISPATCHER_POLL_S = env.float("DISPATCHER_POLL_S", default=1.0)
 DISPATCHER_BATCH = env.int("DISPATCHER_BATCH", default=500)

@@ -11,7 +11,7 @@ every ticket event sends at commit (tickets/waits.py), for up to
 watch costs no query and holds no database session, only a thread: at most
 ``CONSOLE_LIVE_SLOTS`` per process, so the other threads keep serving.
 
-``{"live": false, "retry_s": …}`` (SQLite, the listener down, no slot free)
+``{"live": false, "retry_s": …}`` (the listener down, no slot free, live regions off)
 sends the page back to polling on the region's own period until then. A
 60-second timer stays on every region regardless, for what no event marks
 (an obligation falling overdue, a worker's heartbeat going stale).
@@ -82,8 +82,8 @@ def watch(request):
         outcome = waits.wait_for_change(key, token, read, settings.CONSOLE_LIVE_WAIT_S)
     finally:
         slots.release()
-    if outcome is None:  # SQLite never listens; a listener that is down comes back
-        return _answer(live=False, retry_s=None if waits.unsupported() else 10)
+    if outcome is None:  # a listener that is down comes back
+        return _answer(live=False, retry_s=10)
     current, changed = outcome
     return _answer(live=True, changed=changed, token=current)
 

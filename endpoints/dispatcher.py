@@ -5,7 +5,7 @@ Admission never talks to the broker. Its statement marks the new ticket
 LISTENs on that channel and, on every wake-up, runs one pass of
 ``runtime.dispatch_owed`` (one statement, then one batch of publishes).
 Without a notification it still makes a pass every ``DISPATCHER_POLL_S``
-(the only wake-up on SQLite, which has no LISTEN), and the lost-dispatch
+(a notification sent while its LISTEN connection was down), and the lost-dispatch
 sweep stays the safety net for a message the broker loses.
 
 It runs as a thread of every Celery worker that consumes the ``control``
@@ -21,7 +21,7 @@ import logging
 import threading
 
 from django.conf import settings
-from django.db import close_old_connections, connection, connections
+from django.db import close_old_connections, connections
 
 from config.dispatch import DISPATCH_CHANNEL
 from config.listen import connect_listener, describe_target, listen_params
@@ -54,8 +54,6 @@ class Dispatcher(threading.Thread):
             connections.close_all()
 
     def _listener(self):
-        if connection.vendor != "postgresql":
-            return None
         # Its own session, direct or session-pooled (DATABASE_LISTEN_URL):
         # through a transaction pooler no notification would reach it.
         listener = connect_listener(listen_params("claimcheck dispatcher"))
@@ -74,14 +72,10 @@ class Dispatcher(threading.Thread):
                     self.passes += 1
                 self._wait(listener)
         finally:
-            if listener is not None:
-                listener.close()
+            listener.close()
 
     def _wait(self, listener) -> None:
         poll = settings.DISPATCHER_POLL_S
-        if listener is None:
-            self._stop_event.wait(poll)
-            return
         # Wake on the first notification (or the poll period), then drain
         # what else arrived: one pass serves them all. Short slices so that
         # stop() is seen promptly.
@@ -108,10 +102,7 @@ def start_in_worker(queues) -> Dispatcher | None:
     if _running is None or not _running.is_alive():
         _running = Dispatcher()
         _running.start()
-        if connection.vendor == "postgresql":
-            log.info("dispatcher started (LISTEN %s via %s)", DISPATCH_CHANNEL, describe_target())
-        else:  # SQLite has no LISTEN: the poll is its only wake-up
-            log.info("dispatcher started (a pass every %s s)", settings.DISPATCHER_POLL_S)
+        log.info("dispatcher started (LISTEN %s via %s)", DISPATCH_CHANNEL, describe_target())
     return _running
 
 

@@ -10,7 +10,7 @@ import logging
 import os
 import uuid
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from config.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection
@@ -66,21 +66,8 @@ def _slot(turn_id: uuid.UUID | None) -> None:
         return
     now = timezone.now()
     try:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cur:
-                cur.execute(
-                    _SLOT_SQL, {"pid": os.getpid(), "turn": turn_id, "now": now, "node": _node}
-                )
-            return
-        with transaction.atomic():
-            worker = Worker.objects.filter(name=_node).only("id").first()
-            if worker is None:
-                return
-            WorkerSlot.objects.update_or_create(
-                worker=worker,
-                pid=os.getpid(),
-                defaults={"turn_id": turn_id, "since": now, "updated_at": now},
-            )
+        with connection.cursor() as cur:
+            cur.execute(_SLOT_SQL, {"pid": os.getpid(), "turn": turn_id, "now": now, "node": _node})
     except TRANSIENT_DB_ERRORS as exc:  # the registry is a view: never fail a turn for it
         log.warning("worker slot not recorded: %s", describe(exc))
         drop_broken_connection()

@@ -145,15 +145,15 @@ def sees_configuration(user, endpoint: Endpoint) -> bool:
 
 def endpoint_payload(endpoint: Endpoint, *, user) -> dict[str, Any]:
     """The endpoint as the API and the console show it to ``user``, read in
-    one snapshot: on PostgreSQL, outside a caller's transaction, its reads
-    run in one REPEATABLE READ transaction (the endpoint row read again in
+    one snapshot: outside a caller's transaction, its reads run in one
+    REPEATABLE READ transaction (the endpoint row read again in
     it). Read one by one, a quarantine that committed between two of them
     showed an open case beside the state ``available`` (CI, 2026-12-01).
     The runner's settings and the submitter list only to its owners and
     staff (``sees_configuration``); to others ``runner`` is ``{kind}`` and
     ``submitters`` is left out."""
     full = sees_configuration(user, endpoint)
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    if connection.in_atomic_block:
         return _endpoint_payload(endpoint, full=full)
     with transaction.atomic():
         with connection.cursor() as cur:

@@ -74,9 +74,8 @@ def _ms(started: float) -> float:
 def check_database() -> Check:
     def probe() -> None:
         with transaction.atomic(), connection.cursor() as cur:
-            if connection.vendor == "postgresql":
-                # A database that accepts connections but hangs fails in 1 s.
-                cur.execute(f"SET LOCAL statement_timeout = {int(DB_STATEMENT_TIMEOUT_MS)}")
+            # A database that accepts connections but hangs fails in 1 s.
+            cur.execute(f"SET LOCAL statement_timeout = {int(DB_STATEMENT_TIMEOUT_MS)}")
             cur.execute("SELECT 1")
             cur.fetchone()
 
@@ -90,17 +89,23 @@ def check_broker() -> Check:
     url = settings.CELERY_BROKER_URL
 
     def probe() -> None:
-        if url.startswith(("redis://", "rediss://")):
+        if url.startswith(("redis://", "rediss://", "redis+socket://")):
             import redis
 
-            client = redis.Redis.from_url(
-                url, socket_connect_timeout=BROKER_TIMEOUT_S, socket_timeout=BROKER_TIMEOUT_S
-            )
+            timeouts = {
+                "socket_connect_timeout": BROKER_TIMEOUT_S,
+                "socket_timeout": BROKER_TIMEOUT_S,
+            }
+            if url.startswith("redis+socket://"):  # the embedded Redis (config/embedded.py)
+                path = url.removeprefix("redis+socket://").split("?", 1)[0]
+                client = redis.Redis(unix_socket_path=path, **timeouts)
+            else:
+                client = redis.Redis.from_url(url, **timeouts)
             try:
                 client.ping()
             finally:
                 client.close()
-        else:  # the embedded filesystem broker (or another kombu transport)
+        else:  # another kombu transport
             from config.celery import app
 
             with app.connection_for_write() as conn:

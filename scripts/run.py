@@ -68,7 +68,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def _load_embedded():
     """config/embedded.py by its path: importing the ``config`` package would
     load the Celery app, which this Python does not have."""
-    spec = importlib.util.spec_from_file_location("claimcheck_embedded", ROOT / "config/embedded.py")
+    spec = importlib.util.spec_from_file_location(
+        "claimcheck_embedded", ROOT / "config/embedded.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -115,9 +117,7 @@ def exit_reason(code: int) -> str:
 
 def install() -> str:
     inputs = [ROOT / "pyproject.toml", ROOT / "uv.lock"]
-    if RUN_MARKER.exists() and all(
-        p.stat().st_mtime <= RUN_MARKER.stat().st_mtime for p in inputs
-    ):
+    if RUN_MARKER.exists() and all(p.stat().st_mtime <= RUN_MARKER.stat().st_mtime for p in inputs):
         return "up to date"
     uv = shutil.which("uv")
     if uv is None:
@@ -224,8 +224,7 @@ def _wait_ready(name: str, proc: subprocess.Popen, ready, log: Path) -> None:
             raise Failed(f"stopped while waiting for {name}")
         if proc.poll() is not None:
             raise Failed(
-                f"{name} exited during start ({exit_reason(proc.returncode)}); "
-                f"{log}:\n{_tail(log)}"
+                f"{name} exited during start ({exit_reason(proc.returncode)}); {log}:\n{_tail(log)}"
             )
         if time.monotonic() > deadline:
             raise Failed(f"{name} not ready after {READY_TIMEOUT_S:.0f} s; {log}:\n{_tail(log)}")
@@ -321,13 +320,21 @@ def postgres(var: Path, run_as: RunAs) -> tuple[Server, bool]:
     server = Server(
         name="postgres",
         argv=[
-            str(bindir / "postgres"), "-D", str(data),
+            str(bindir / "postgres"),
+            "-D",
+            str(data),
             # Unix socket only, trust inside a 0700 directory: only this
             # user (and root) can connect; no port to collide on.
-            "-c", "listen_addresses=", "-c", f"unix_socket_directories={sockets}",
-            "-c", "unix_socket_permissions=0700",
-            "-c", "max_connections=100",
-            "-c", "logging_collector=off",
+            "-c",
+            "listen_addresses=",
+            "-c",
+            f"unix_socket_directories={sockets}",
+            "-c",
+            "unix_socket_permissions=0700",
+            "-c",
+            "max_connections=100",
+            "-c",
+            "logging_collector=off",
         ],  # fmt: skip
         ready=lambda: _pg_ready(bindir, sockets),
         log=log,
@@ -366,12 +373,25 @@ def redis(var: Path, run_as: RunAs) -> Server:
     return Server(
         name="redis",
         argv=[
-            str(binary), "--port", "0", "--unixsocket", str(path), "--unixsocketperm", "700",
-            "--dir", str(data),
+            str(binary),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(path),
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            str(data),
             # Queued messages survive a restart of `make run` (append-only
             # file, fsync every second); no RDB snapshots.
-            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-            "--daemonize", "no",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
         ],  # fmt: skip
         ready=lambda: _redis_ping(path),
         log=log,
@@ -548,8 +568,7 @@ class Supervisor:
                 s.bind(("127.0.0.1", self.port))
             except OSError as exc:
                 raise Failed(
-                    f"port {self.port} is in use ({exc.strerror}): "
-                    f"PORT={self.port + 1} make run"
+                    f"port {self.port} is in use ({exc.strerror}): PORT={self.port + 1} make run"
                 ) from None
 
     def start_apps(self) -> str:
@@ -689,7 +708,7 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
 
 
 def main() -> int:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - the machine's python3, not the venv's
         print("make run needs Python 3.11 or newer", file=sys.stderr)
         return 2
     global SUPERVISOR

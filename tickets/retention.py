@@ -210,8 +210,6 @@ def prune(
     traces per transaction, until a batch finds nothing (module docstring).
     ``dry_run`` counts what one pass would delete (every candidate, not one
     batch) and deletes nothing."""
-    if connection.vendor != "postgresql":
-        raise RuntimeError("prune_ledger needs PostgreSQL (the embedded SQLite keeps everything)")
     if older_than_days < 1:
         raise ValueError("--older-than must be at least 1 day")
     if batch < 1:

@@ -275,8 +275,6 @@ def find_tickets(
     ``(trace_id, id)``), each cut at ``limit + 1``, merged newest first: no
     OR across indexes for the planner to turn into a scan, no COUNT.
     ``since``/``until`` (aware datetimes) are an id range: ids are UUIDv7."""
-    from django.db import connection  # noqa: PLC0415
-
     base = _listed(user, endpoint_id=endpoint_id, state=state, limit=limit)
     if delivery_state:
         if delivery_state not in DeliveryState.values:
@@ -310,22 +308,19 @@ def find_tickets(
                     low = uuid.UUID(bare.ljust(32, "0"))
                     high = uuid.UUID(bare.ljust(32, "f"))
                     branches.append(base.filter(id__gte=low, id__lte=high))
-                if connection.vendor == "postgresql":
-                    # A tail, typed with its dashes or without: ticket_id_tail_idx
-                    # (console migration 0003) holds the reversed last group (12
-                    # characters); the whole tail is checked on what it finds.
-                    liat = (fragment if "-" in fragment else _dashed_tail(fragment))[::-1]
-                    branches.append(
-                        base.extra(  # noqa: S610 - parameters, not SQL text
-                            where=[
-                                "reverse(right(tickets_ticket.id::text, 12)) LIKE %s",
-                                "reverse(tickets_ticket.id::text) LIKE %s",
-                            ],
-                            params=[liat[:12] + "%", liat + "%"],
-                        )
+                # A tail, typed with its dashes or without: ticket_id_tail_idx
+                # (console migration 0003) holds the reversed last group (12
+                # characters); the whole tail is checked on what it finds.
+                liat = (fragment if "-" in fragment else _dashed_tail(fragment))[::-1]
+                branches.append(
+                    base.extra(  # noqa: S610 - parameters, not SQL text
+                        where=[
+                            "reverse(right(tickets_ticket.id::text, 12)) LIKE %s",
+                            "reverse(tickets_ticket.id::text) LIKE %s",
+                        ],
+                        params=[liat[:12] + "%", liat + "%"],
                     )
-                else:  # SQLite keeps a uuid as 32 hex characters: a scan, but small
-                    branches.append(base.filter(id__endswith=fragment.replace("-", "")))
+                )
     found: dict[uuid.UUID, Ticket] = {}
     for branch in branches:
         for ticket in branch.order_by("-id")[: limit + 1]:

@@ -18,8 +18,7 @@ own, outside a transaction).
 Two waits use it: ``wait_until_terminal`` (the API's ``wait_s``) and
 ``wait_for_change`` (the console's live regions, console/live.py).
 
-Without PostgreSQL (SQLite in ``make run``), or while the listener is down
-(a database restart), ``wait_s`` falls back to reading the ticket every
+While the listener is down (a database restart), ``wait_s`` falls back to reading the ticket every
 0.5 s and ``wait_for_change`` answers at once (the console polls instead).
 """
 
@@ -61,8 +60,6 @@ class _Hub:
     def subscribe(self, ticket_id: uuid.UUID | str) -> threading.Event | None:
         """An event set when an event of the ticket (or of any ticket, for
         ``ANY``) commits, or None when no listener is up (the caller polls)."""
-        if unsupported():
-            return None
         event = threading.Event()
         with self._lock:
             # Registered before the listener is checked, under the lock the
@@ -180,7 +177,7 @@ def wait_for_change(key: str, token: str, read_token, wait_s: float) -> tuple[st
     """Wait up to ``wait_s`` for ``read_token()`` to differ from ``token``,
     woken by the events of ticket ``key`` (or of any ticket: ``ANY``).
     Returns ``(current token, changed)``, or None when no listener is up
-    (SQLite, a database restart): the caller polls instead."""
+    (a database restart): the caller polls instead."""
     event = _hub.subscribe(key)
     if event is None:
         return None
@@ -199,11 +196,6 @@ def wait_for_change(key: str, token: str, read_token, wait_s: float) -> tuple[st
         _hub.unsubscribe(key, event)
 
 
-def unsupported() -> bool:
-    """No notifications on this database (SQLite): waits poll."""
-    return connection.vendor != "postgresql"
-
-
 def stop_listener() -> None:
     _hub.stop()
 
@@ -211,7 +203,5 @@ def stop_listener() -> None:
 def notify_changed(ticket_id: uuid.UUID) -> None:
     """Wake the watchers of ``ticket_id`` when the current transaction
     commits (PostgreSQL folds repeats within a transaction into one)."""
-    if unsupported():
-        return
     with connection.cursor() as cur:
         cur.execute("SELECT pg_notify(%s, %s)", [TICKET_CHANNEL, str(ticket_id)])

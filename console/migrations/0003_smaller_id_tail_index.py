@@ -7,7 +7,7 @@ narrows on it and checks the whole tail on the rows it finds
 (tickets.selectors.find_tickets).
 
 Built and dropped CONCURRENTLY (no lock on the ledger's writes; hence a
-non-atomic migration); PostgreSQL only, like 0002."""
+non-atomic migration)."""
 
 from django.db import migrations
 
@@ -19,8 +19,7 @@ OLD = "(reverse(id::text) text_pattern_ops)"
 
 
 def _swap(schema_editor, spec: str) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        concurrent_index.rebuild(schema_editor, NAME, f"tickets_ticket {spec}")
+    concurrent_index.rebuild(schema_editor, NAME, f"tickets_ticket {spec}")
 
 
 def forward(apps, schema_editor):

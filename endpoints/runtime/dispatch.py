@@ -16,7 +16,6 @@ from config.dispatch import (
     messages_in_flight,
     publish,
     publish_now,
-    wake_dispatcher,
 )
 from config.transient import TRANSIENT_DB_ERRORS
 from tickets.models import Ticket, TicketState
@@ -110,26 +109,11 @@ def dispatch_next(*, endpoint_id: int) -> None:
     Nothing marked: an admission committing now may have been invisible to
     this query, and the dispatcher it woke may have seen the lock still held,
     so wake the dispatcher again once the release commits."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute(_NEXT_SQL, {"endpoint_id": endpoint_id})
-            waiting = cur.fetchone()[0]
-        if waiting is not None:
-            publish_next(waiting)
-        return
-    waiting = (
-        Ticket.objects.filter(
-            endpoint_id=endpoint_id, state=TicketState.QUEUED, needs_dispatch=True
-        )
-        .order_by("id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    if waiting is None:
-        wake_dispatcher()
-        return
-    Ticket.objects.filter(id=waiting).update(needs_dispatch=False)
-    publish_next(waiting)
+    with connection.cursor() as cur:
+        cur.execute(_NEXT_SQL, {"endpoint_id": endpoint_id})
+        waiting = cur.fetchone()[0]
+    if waiting is not None:
+        publish_next(waiting)
 
 
 # What the dispatcher owes, in one statement. An endpoint is owed a message
@@ -192,12 +176,9 @@ def dispatch_owed(*, limit: int | None = None) -> list[uuid.UUID]:
     between the two leaves a queued ticket with neither mark nor message: the
     lost-dispatch sweep publishes it."""
     limit = limit or settings.DISPATCHER_BATCH
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:  # one statement: atomic in autocommit
-            cur.execute(_OWED_SQL, {"limit": limit})
-            ids = [row[0] for row in cur.fetchall()]
-    else:
-        ids = _dispatch_owed_orm(limit)
+    with connection.cursor() as cur:  # one statement: atomic in autocommit
+        cur.execute(_OWED_SQL, {"limit": limit})
+        ids = [row[0] for row in cur.fetchall()]
     if ids:
         sent = publish_now(RUN_TICKET, [str(i) for i in ids])
         if sent < len(ids):
@@ -214,41 +195,6 @@ def mark_again(ids: list[uuid.UUID]) -> None:
         Ticket.objects.filter(id__in=ids, state=TicketState.QUEUED).update(needs_dispatch=True)
     except TRANSIENT_DB_ERRORS:
         log.exception("could not mark %d unsent ticket(s) again; the sweep will", len(ids))
-
-
-def _dispatch_owed_orm(limit: int) -> list[uuid.UUID]:
-    """The same pass on SQLite, where a write transaction holds the whole
-    database (so the lock rows need no row locks)."""
-    ids: list[uuid.UUID] = []
-    with transaction.atomic():
-        waiting = (
-            Ticket.objects.filter(state=TicketState.QUEUED)
-            .values_list("endpoint_id", flat=True)
-            .distinct()
-        )
-        free = EndpointLock.objects.filter(
-            endpoint_id__in=list(waiting),
-            holder__isnull=True,
-            endpoint__state=EndpointState.AVAILABLE,
-        ).values_list("endpoint_id", flat=True)
-        for endpoint_id in free:
-            oldest = (
-                Ticket.objects.filter(endpoint_id=endpoint_id, state=TicketState.QUEUED)
-                .order_by("id")
-                .values_list("id", "needs_dispatch")
-                .first()
-            )
-            if (
-                oldest
-                and oldest[1]
-                and Ticket.objects.filter(
-                    id=oldest[0], state=TicketState.QUEUED, needs_dispatch=True
-                ).update(needs_dispatch=False)
-            ):
-                ids.append(oldest[0])
-                if len(ids) >= limit:
-                    break
-    return ids
 
 
 def sweep_lost_dispatches() -> list[uuid.UUID]:

@@ -18,9 +18,6 @@ _SWEEP_LOCKS = {"budgets": 7_401_001, "dispatch": 7_401_002}
 def sweep_lock(name: str):
     """Yields True if this process may run the sweep now. A session-level
     advisory lock, so each turn's transition can commit on its own."""
-    if connection.vendor != "postgresql":
-        yield True  # SQLite serialises writers already
-        return
     with connection.cursor() as cur:
         cur.execute("SELECT pg_try_advisory_lock(%s)", [_SWEEP_LOCKS[name]])
         got = cur.fetchone()[0]

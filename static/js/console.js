@@ -182,7 +182,7 @@
   // (its data-live-token); the answer "changed" refreshes it, at most every
   // data-live-min seconds, through the same htmx request a poll makes (so
   // everything above holds), and the region it swaps in watches from its
-  // own token. "live": false (no notifications here, no slot free) polls on
+  // own token. "live": false (the listener down, no slot free) polls on
   // data-live-period until retry_s. Nothing watches while refresh is paused
   // or the tab is hidden: a watch holds a server thread.
   var lastRefresh = {}; // region id -> when it last asked for a refresh

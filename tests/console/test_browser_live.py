@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.db import connection
 from playwright.sync_api import expect
 
 from console.owners import create_owner
@@ -24,8 +23,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture(autouse=True)
 def production_periods(settings):
-    if connection.vendor != "postgresql":
-        pytest.skip("notifications need PostgreSQL")
     settings.CONSOLE_REFRESH_S = None
 
 

@@ -28,9 +28,7 @@ URL = "/live/"
 
 
 @pytest.fixture(autouse=True)
-def _postgres_and_a_clean_listener(settings):
-    if connection.vendor != "postgresql":
-        pytest.skip("notifications need PostgreSQL")
+def _a_clean_listener(settings):
     settings.CONSOLE_LIVE_WAIT_S = 20
     yield
     waits.stop_listener()  # its session would keep the test database from being dropped

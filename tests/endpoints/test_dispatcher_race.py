@@ -20,7 +20,7 @@ from collections import Counter
 from unittest import mock
 
 import pytest
-from django.db import close_old_connections, connection, connections
+from django.db import close_old_connections, connections
 
 from endpoints import runtime
 from endpoints.dispatcher import Dispatcher
@@ -39,8 +39,6 @@ WORKERS = 3
 def test_no_committed_ticket_is_left_without_a_dispatch_and_none_starts_twice(
     make_endpoint, settings
 ):
-    if connection.vendor != "postgresql":
-        pytest.skip("LISTEN/NOTIFY needs PostgreSQL")
     settings.DISPATCHER_POLL_S = 600.0  # past the deadline: only notifications wake it
     for i in range(ENDPOINTS):
         make_endpoint(f"race-{i}")

@@ -102,13 +102,11 @@ def test_an_endpoint_is_shown_from_one_snapshot(make_endpoint, monkeypatch):
     admitted between the open-case read and the queued count) does not show
     in half of it. Read one by one, CI once saw a quarantine's open case
     beside the state "available"."""
-    from django.db import connection, connections
+    from django.db import connections
 
     from endpoints import selectors
     from tickets.admission import admit_ticket
 
-    if connection.vendor != "postgresql":
-        pytest.skip("REPEATABLE READ snapshots are PostgreSQL's")
     endpoint = make_endpoint("snap.shot")
     original = selectors.open_case_id
 

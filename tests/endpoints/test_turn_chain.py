@@ -6,7 +6,6 @@ start it publishes. Real PostgreSQL and the real Redis broker."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
 
 from config.dispatch import RUN_TICKET
 from endpoints import runtime
@@ -16,12 +15,6 @@ from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def postgres_only():
-    if connection.vendor != "postgresql":
-        pytest.skip("the hand-on is the one-statement finish's (PostgreSQL)")
 
 
 def _backlog(make_endpoint, address: str, n: int) -> list:

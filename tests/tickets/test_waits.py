@@ -26,8 +26,6 @@ def _close_listener():
 
 
 def test_a_waiter_is_woken_by_the_terminal_transition_without_polling(make_endpoint):
-    if connection.vendor != "postgresql":
-        pytest.skip("LISTEN/NOTIFY needs PostgreSQL")
     make_endpoint("waited")
     ticket = admit_ticket(endpoint="waited", input={}).ticket
     result: dict = {}

@@ -10,8 +10,6 @@ from tickets.retention import DROP_SQL, function_sql
 
 
 def forward(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return  # SQLite (the embedded default) keeps everything
     with schema_editor.connection.cursor() as cur:
         cur.execute("SELECT pg_catalog.current_schema()")
         schema = schema_editor.connection.ops.quote_name(cur.fetchone()[0])
@@ -20,8 +18,7 @@ def forward(apps, schema_editor):
 
 
 def backward(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP_SQL, params=None)
+    schema_editor.execute(DROP_SQL, params=None)
 
 
 class Migration(migrations.Migration):

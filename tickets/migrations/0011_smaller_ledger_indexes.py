@@ -15,10 +15,8 @@
   every ticket; partial indexes (``WHERE … IS NOT NULL``) hold only the rows
   that have one, and still serve every lookup and foreign-key check by value.
 
-Indexes are built and dropped CONCURRENTLY on PostgreSQL (no lock on the
-ledger's writes; hence a non-atomic migration); SQLite does them plainly and
-keeps the events' turn foreign key, which it cannot drop without rebuilding
-the append-only table and losing its triggers."""
+Indexes are built and dropped CONCURRENTLY (no lock on the ledger's writes;
+hence a non-atomic migration)."""
 
 import django.db.models.deletion
 from django.conf import settings
@@ -55,9 +53,8 @@ def forward(apps, schema_editor):
     create, drop = concurrent_index.create, concurrent_index.drop
     create(schema_editor, EVENT_TICKET, "tickets_ticketevent (ticket_id)")
     drop(schema_editor, "event_ticket_idx")
-    if schema_editor.connection.vendor == "postgresql":
-        for name in _event_turn_fk(schema_editor):
-            schema_editor.execute(f"ALTER TABLE tickets_ticketevent DROP CONSTRAINT {name}")
+    for name in _event_turn_fk(schema_editor):
+        schema_editor.execute(f"ALTER TABLE tickets_ticketevent DROP CONSTRAINT {name}")
     drop(schema_editor, EVENT_TURN)
     for column, (old, new) in PARTIAL.items():
         create(schema_editor, new, f"tickets_ticket ({column}) WHERE {column} IS NOT NULL")
@@ -70,7 +67,7 @@ def backward(apps, schema_editor):
         create(schema_editor, old, f"tickets_ticket ({column})")
         drop(schema_editor, new)
     create(schema_editor, EVENT_TURN, "tickets_ticketevent (turn_id)")
-    if schema_editor.connection.vendor == "postgresql" and not _event_turn_fk(schema_editor):
+    if not _event_turn_fk(schema_editor):
         schema_editor.execute(
             "ALTER TABLE tickets_ticketevent ADD CONSTRAINT "
             "tickets_ticketevent_turn_id_9363fa4e_fk_endpoints_turn_id FOREIGN KEY (turn_id) "

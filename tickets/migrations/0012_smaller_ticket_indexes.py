@@ -14,8 +14,8 @@
   100): events are never updated, so the room PostgreSQL leaves by default
   for updates is never used. It applies to pages split from now on.
 
-Built and swapped CONCURRENTLY on PostgreSQL (no lock on the ledger's
-writes; hence a non-atomic migration); SQLite does it plainly."""
+Built and swapped CONCURRENTLY (no lock on the ledger's writes; hence a
+non-atomic migration)."""
 
 from django.db import migrations, models
 
@@ -31,9 +31,8 @@ def _swap(schema_editor, name: str, spec: str) -> None:
 
 
 def _fillfactor(schema_editor, value: int) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        for name in EVENT_INDEXES:
-            schema_editor.execute(f"ALTER INDEX {name} SET (fillfactor = {value})")
+    for name in EVENT_INDEXES:
+        schema_editor.execute(f"ALTER INDEX {name} SET (fillfactor = {value})")
 
 
 def forward(apps, schema_editor):
