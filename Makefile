@@ -21,7 +21,7 @@ TEST_WORKERS ?= 3
 # pytest-django's name for the test database (test_ + the URL's database name).
 TEST_DB_NAME = test_$(lastword $(subst /, ,$(firstword $(subst ?, ,$(TEST_DATABASE_URL)))))
 
-.PHONY: help install run test test-fast faults multihost lint fmt services browser pgbouncer bench bench-install bench-peers bench-http bench-scale clean
+.PHONY: help install run soak test test-fast faults multihost lint fmt services browser pgbouncer bench bench-install bench-peers bench-http bench-scale clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ install: .venv/.installed ## the virtual environment at .venv/ from the lock fil
 
 run: ## install what running needs, start embedded PostgreSQL + Redis, migrate, seed, web + workers + beat
 	@python3 scripts/run.py
+
+soak: install ## N minutes (SOAK_MINUTES, default 30) of mixed demo traffic on `make run`, one restart; figures
+	$(PY) bench/soak.py
 
 services: ## start the machine's PostgreSQL and Redis if they are stopped
 	@scripts/services.sh
