@@ -265,6 +265,8 @@ class Server:
     run_as: RunAs
     env: dict = field(default_factory=dict)
     proc: subprocess.Popen | None = None
+    exits: list[float] = field(default_factory=list)
+    restart_at: float | None = None
 
     def start(self) -> subprocess.Popen:
         log = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
@@ -631,7 +633,7 @@ class Supervisor:
             for name, child in self._children():
                 if child.proc is None or child.proc.poll() is None:
                     continue
-                if getattr(child, "restart_at", None) is not None:
+                if child.restart_at is not None:
                     continue
                 self._exited(name, child, now)
                 if self.stopping:
@@ -639,11 +641,11 @@ class Supervisor:
             if self.stopping:
                 break
             for name, child in self._children():
-                due = getattr(child, "restart_at", None)
+                due = child.restart_at
                 if due is not None and due <= now:
                     child.restart_at = None
                     self._restart(name, child)
-            pending = [c.restart_at for _, c in self._children() if getattr(c, "restart_at", None)]
+            pending = [c.restart_at for _, c in self._children() if c.restart_at is not None]
             timeout = max(0.0, min(pending) - time.monotonic()) if pending else 1.0
             self._wait(timeout)
 
@@ -657,18 +659,16 @@ class Supervisor:
 
     def _exited(self, name: str, child, now: float) -> None:
         reason = exit_reason(child.proc.returncode)
-        exits = getattr(child, "exits", None)
-        if exits is None:
-            child.exits = exits = []
+        exits = child.exits
         exits[:] = [t for t in exits if now - t < RESTART_WINDOW_S] + [now]
         if len(exits) >= MAX_RESTARTS:
             self.stopping = True
             self.exit_code = 1
             self.stop_reason = (
-                f"{name} (pid {child.proc.pid}) exited with {reason}, its {len(exits)}th exit "
-                f"in {RESTART_WINDOW_S:.0f} s: stopping everything"
+                f"{name} (pid {child.proc.pid}) exited with {reason}: {len(exits)} exits "
+                f"in {RESTART_WINDOW_S:.0f} s (RUN_MAX_RESTARTS={MAX_RESTARTS}), "
+                f"so everything stops"
             )
-            say(self.stop_reason)
             return
         delay = min(BACKOFF_MAX_S, 2.0 ** (len(exits) - 1))
         child.restart_at = now + delay

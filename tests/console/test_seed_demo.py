@@ -1,0 +1,28 @@
+"""`seed_demo` runs at every `make run`: an existing demo owner keeps its
+password, and with it its console sessions."""
+
+import io
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+pytestmark = pytest.mark.django_db
+
+
+def test_seeding_again_keeps_the_demo_password_and_its_sessions(client, settings, tmp_path):
+    settings.VAR_DIR = tmp_path  # the demo API key file
+    seed = {"stdout": io.StringIO(), "stderr": io.StringIO()}
+    call_command("seed_demo", **seed)
+    demo = get_user_model().objects.get(username="demo")
+    demo.set_password("chosen-by-the-owner")
+    demo.save()
+    client.force_login(demo)
+    assert client.get("/").status_code == 200
+
+    call_command("seed_demo", **seed)
+
+    demo.refresh_from_db()
+    assert demo.check_password("chosen-by-the-owner")
+    assert client.get("/").status_code == 200  # the session was not logged out
+    assert demo.groups.filter(name="owners:demo.echo").exists()
