@@ -692,9 +692,20 @@ class Supervisor:
         say(f"{name} restarted (pid {child.proc.pid})")
 
     # stopping -----------------------------------------------------------
-    def _wait_all(self, procs: list[subprocess.Popen], seconds: float) -> list:
-        deadline = time.monotonic() + seconds
+    def _wait_all(self, procs: list[subprocess.Popen], seconds: float, names=None) -> list:
+        """Wait for ``procs`` to exit, at most ``seconds``; those still alive.
+        With ``names`` (pid -> name), a line for each exit and its time."""
+        started = time.monotonic()
+        deadline = started + seconds
+        pending = set(procs)
         while True:
+            for proc in [p for p in pending if p.poll() is not None]:
+                pending.discard(proc)
+                if names:
+                    say(
+                        f"{names[proc.pid]} stopped ({exit_reason(proc.returncode)}) "
+                        f"{time.monotonic() - started:.1f} s after SIGTERM"
+                    )
             alive = [p for p in procs if p.poll() is None]
             if not alive or self.hurry or time.monotonic() >= deadline:
                 return alive
@@ -714,7 +725,8 @@ class Supervisor:
         procs = [a.proc for a in self.apps if a.proc is not None and a.proc.poll() is None]
         for proc in procs:
             _signal(proc, signal.SIGTERM)
-        alive = self._wait_all(procs, STOP_WAIT_S)
+        names = {a.proc.pid: a.name for a in self.apps if a.proc is not None}
+        alive = self._wait_all(procs, STOP_WAIT_S, names)
         for proc in alive:
             say(f"pid {proc.pid} still running after {STOP_WAIT_S:.0f} s: SIGKILL")
         # Group and all, also for those that exited: a pool or isolated-turn
