@@ -20,7 +20,9 @@ Steps, each printed with its time:
    root: as root both servers run as ``EMBEDDED_USER`` (default: the
    checkout's owner, or ``nobody`` when that is root too).
 3. migrate (as the owner role) and 4. seed (``seed_demo``), in one process
-   (scripts/run_prepare.py).
+   (scripts/run_prepare.py). It and the web process (scripts/run_web.py)
+   start before step 2 and load Django meanwhile, each waiting for a "go"
+   on its standard input.
 5. start: the processes in ``APPS``, each in its own session (a Ctrl-C in
    the terminal reaches the supervisor alone, which stops them in order).
 
@@ -452,9 +454,8 @@ _CELERY_WORKER = ["worker", "--without-gossip", "--without-mingle", "--loglevel"
 
 def apps(port: int) -> dict[str, list[str]]:
     return {
-        # --skip-checks: `make test` runs them; here they cost seconds a start.
-        "web": [str(PY), "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload",
-                "--skip-checks"],
+        # Loads while the servers start and migrate run; serves on "go".
+        "web": [str(PY), str(ROOT / "scripts" / "run_web.py"), f"127.0.0.1:{port}"],
         "worker": [str(CELERY), "-A", "config", *_CELERY_WORKER,
                    "-Q", "turns", "-c", "2", "-n", "turns@%h"],
         "control": [str(CELERY), "-A", "config", *_CELERY_WORKER,
@@ -479,18 +480,30 @@ class App:
     exits: list[float] = field(default_factory=list)
     restart_at: float | None = None
 
+    gated: bool = False
+
     def start(self, env: dict) -> None:
+        """Start it; a gated process (scripts/run_web.py) waits for
+        ``release``, started again after an exit it gets it at once."""
         self.proc = subprocess.Popen(
             self.argv,
             cwd=ROOT,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if self.gated else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=_preexec(signal.SIGTERM),
         )
         threading.Thread(target=_pump, args=(self.name, self.proc.stdout), daemon=True).start()
+
+    def release(self) -> None:
+        if self.gated and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(b"go\n")
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass  # it exited meanwhile: the loop restarts it
 
 
 class Supervisor:
@@ -503,6 +516,7 @@ class Supervisor:
         self.hurry = False
         self.stop_reason = ""
         self.exit_code = 0
+        self._prepare: subprocess.Popen | None = None
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -573,17 +587,33 @@ class Supervisor:
             parts.append(f"as user {run_as.name}")
         return ", ".join(p for p in parts if p)
 
-    def prepare(self) -> None:
-        """Steps 3 and 4 (scripts/run_prepare.py), its lines passed through."""
-        proc = subprocess.Popen(
+    def preload(self) -> None:
+        """Before the servers: start scripts/run_prepare.py and the web
+        process, which load Django meanwhile and wait for a "go"."""
+        metrics = self.var / "metrics"
+        shutil.rmtree(metrics, ignore_errors=True)
+        metrics.mkdir(parents=True)
+        self._prepare = subprocess.Popen(
             [str(PY), str(ROOT / "scripts" / "run_prepare.py")],
             cwd=ROOT,
             env=self.env(metrics=False),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
+        web = App("web", apps(self.port)["web"], gated=True)
+        web.start(self.env())
+        self.apps.append(web)
+
+    def prepare(self) -> None:
+        """Steps 3 and 4 (scripts/run_prepare.py), its lines passed through."""
+        proc = self._prepare
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it failed while loading: its output says why
         output = []
         for line in proc.stdout:
             line = line.rstrip("\n")
@@ -611,14 +641,15 @@ class Supervisor:
                 ) from None
 
     def start_apps(self) -> str:
-        metrics = self.var / "metrics"
-        shutil.rmtree(metrics, ignore_errors=True)
-        metrics.mkdir(parents=True)
         env = self.env()
         for name, argv in apps(self.port).items():
+            if name == "web":
+                continue  # preloaded
             app = App(name, argv)
             app.start(env)
             self.apps.append(app)
+        for app in self.apps:
+            app.release()
         return ", ".join(f"{a.name} pid {a.proc.pid}" for a in self.apps)
 
     # running ------------------------------------------------------------
@@ -689,6 +720,7 @@ class Supervisor:
                 return  # its next exit is counted by the loop
         else:
             child.start(self.env())
+            child.release()
         say(f"{name} restarted (pid {child.proc.pid})")
 
     # stopping -----------------------------------------------------------
@@ -722,6 +754,9 @@ class Supervisor:
         started = time.monotonic()
         if self.stop_reason:
             say(f"stopping ({self.stop_reason})")
+        if self._prepare is not None and self._prepare.poll() is None:
+            self._prepare.kill()  # its migrate or seed transaction rolls back
+            self._prepare.wait()
         procs = [a.proc for a in self.apps if a.proc is not None and a.proc.poll() is None]
         for proc in procs:
             _signal(proc, signal.SIGTERM)
@@ -767,6 +802,7 @@ def main() -> int:
     try:
         sup.step("install", install)
         sup.check_port()
+        sup.preload()
         sup.step("servers", sup.start_servers)
         sup.prepare()
         sup.step("start", sup.start_apps)

@@ -1,5 +1,6 @@
 """`make run`'s migrate and seed steps in one Python process (scripts/run.py
-starts it with the virtual environment's Python): each `manage.py` start
+starts it with the virtual environment's Python, before the servers: it
+loads Django meanwhile, then waits for "go"): each `manage.py` start
 loads Django, the apps and Celery again, the larger part of a restart's
 time on a busy machine. Prints a line per step with its time, in the
 supervisor's format."""
@@ -28,6 +29,10 @@ def main() -> int:
 
     django.setup()
     say(f"django loaded in {time.monotonic() - started:.1f} s")
+    # scripts/run.py says "go" once the servers answer; anything else, or
+    # the end of the input, means the start was called off.
+    if sys.stdin.readline().strip() != "go":
+        return 0
     for step, args in (("migrate", ("migrate", "--no-input", "-v0")), ("seed", ("seed_demo",))):
         started = time.monotonic()
         say(f"{step} ...")
