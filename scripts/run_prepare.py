@@ -33,7 +33,12 @@ def main() -> int:
     # the end of the input, means the start was called off.
     if sys.stdin.readline().strip() != "go":
         return 0
-    for step, args in (("migrate", ("migrate", "--no-input", "-v0")), ("seed", ("seed_demo",))):
+    # --allow-production: a local `make run` is the demo (DEBUG stays off).
+    steps = (
+        ("migrate", ("migrate", "--no-input", "-v0")),
+        ("seed", ("seed_demo", "--allow-production")),
+    )
+    for step, args in steps:
         started = time.monotonic()
         say(f"{step} ...")
         call_command(*args)

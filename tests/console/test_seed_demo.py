@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 def test_seeding_again_keeps_the_demo_password_and_its_sessions(client, settings, tmp_path):
     settings.VAR_DIR = tmp_path  # the demo API key file
-    seed = {"stdout": io.StringIO(), "stderr": io.StringIO()}
+    seed = {"allow_production": True, "stdout": io.StringIO(), "stderr": io.StringIO()}
     call_command("seed_demo", **seed)
     demo = get_user_model().objects.get(username="demo")
     demo.set_password("chosen-by-the-owner")
