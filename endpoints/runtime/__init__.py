@@ -9,7 +9,7 @@ One module for each part of a turn's life (docs/design.md, "The runtime"):
 - ``finish``     the exact turn's outcome applied, or refused as stale
 - ``dispatch``   one broker message per turn: ``needs_dispatch``, release, the next
   ticket, the lost-dispatch sweep
-- ``budgets``    interrupts and the budget sweep
+- ``budgets``    interrupts, the worker's own enforcement of a budget, the budget sweep
 - ``quarantine`` turn uncertain, ticket recovering, endpoint quarantined; leaving it
 - ``evidence``   late or foreign outcomes recorded, never applied
 - ``sweeplock``  one sweeper of each kind at a time
@@ -25,7 +25,7 @@ Callers outside the package use only the names exported here.
 from __future__ import annotations
 
 from ..runners import Outcome, TurnContext
-from .budgets import SweepReport, request_interrupt, sweep_budgets
+from .budgets import BudgetWatch, SweepReport, request_interrupt, sweep_budgets
 from .dispatch import dispatch_next, dispatch_owed, release_lock, sweep_lost_dispatches
 from .execute import HISTORY_ENTRIES, current_turns, run_ticket
 from .finish import Finished, finish_turn, outcome_digest
@@ -35,6 +35,7 @@ from .start import Started, start_turn, turn_token_sha256
 
 __all__ = [
     "HISTORY_ENTRIES",
+    "BudgetWatch",
     "Finished",
     "HeartbeatState",
     "Outcome",

@@ -1,21 +1,27 @@
-"""Interrupts and the budget sweep: deadlines, lost heartbeats and
-interrupts whose grace has run out (DESIGN.md flow 3)."""
+"""Interrupts, the worker's own enforcement of a turn's budget, and the
+budget sweep: deadlines, lost heartbeats and interrupts whose grace has run
+out (DESIGN.md flow 3; docs/design.md, "Budget")."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from config.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection, retry_transient
 from tickets import lifecycle
 
 from .. import runners
 from ..models import (
     TURN_ACTIVE_STATES,
+    Endpoint,
     RunnerKind,
     Turn,
     TurnState,
@@ -26,16 +32,21 @@ from .sweeplock import sweep_lock
 log = logging.getLogger(__name__)
 
 
-def request_interrupt(*, turn_id: uuid.UUID | None, reason: str, actor: str) -> bool:
-    """``running -> interrupting`` for one exact turn; the worker's heartbeat
-    sees the flag, a command's process group is signalled by its runner, an
-    http agent is asked through its cancel URL (after commit). Returns False
-    when the turn was not running (another sweeper got there first)."""
+def request_interrupt(
+    *, turn_id: uuid.UUID | None, reason: str, actor: str, seq: int | None = None
+) -> bool:
+    """``running -> interrupting`` for one exact turn (and, given ``seq``, only
+    while the turn carries that fencing token); the worker's heartbeat sees
+    the flag, a command's process group is signalled by its runner, an http
+    agent is asked through its cancel URL (after commit). Returns False when
+    the turn was not running (another sweeper, or the turn's own worker, got
+    there first)."""
     if turn_id is None:
         return False
     now = timezone.now()
+    exact = {"seq": seq} if seq is not None else {}
     with transaction.atomic():
-        updated = Turn.objects.filter(id=turn_id, state=TurnState.RUNNING).update(
+        updated = Turn.objects.filter(id=turn_id, state=TurnState.RUNNING, **exact).update(
             state=TurnState.INTERRUPTING, interrupt_requested_at=now, interrupt_reason=reason
         )
         if not updated:
@@ -53,6 +64,174 @@ def request_interrupt(*, turn_id: uuid.UUID | None, reason: str, actor: str) -> 
             transaction.on_commit(lambda: runners.cancel_http_turn(runner, turn_id, seq))
     log.warning("interrupt requested for turn %s (%s)", turn_id, reason)
     return True
+
+
+# Who asks when the worker running a turn enforces its budget itself.
+WORKER_ACTOR = "worker:budget"
+
+
+class BudgetWatch:
+    """The budget of one turn, enforced by the worker process that runs it,
+    with no sweep, control worker or beat involved (docs/design.md,
+    "Budget").
+
+    The worker's heartbeat thread calls ``step`` whenever ``due`` passes:
+
+    1. At the deadline (the turn's budget timed from the worker's monotonic
+       clock when its start returned: never before the ``deadline_at`` the
+       database recorded, whatever the two hosts' clocks say), the
+       interrupt of this exact turn and ``seq`` is requested through
+       ``request_interrupt``, as the sweep requests it, and the runner's
+       flag is raised. The flag goes up even when the request cannot be
+       recorded (a database outage): the budget holds; the request is
+       retried every ``RETRY_S`` until it is in the ledger, and the worker
+       records it before it finishes a stopped outcome (``record_interrupt``),
+       so the ticket fails as timed out.
+    2. The runner's own escalation follows the flag (an isolated turn's
+       supervisor: ``interrupt_grace_s``, SIGTERM, ``kill_after_s``, SIGKILL,
+       ``waitpid``; a command's process group), and its outcome, with the
+       stop evidence, is finished by the worker as any other.
+    3. When the runner has not returned within the turn's stop window
+       (``runners.stop_window_s``, the sweep's own) since the flag, nothing
+       proves it stopped (an inline callable that ignores its flag):
+       ``quarantine_turn``, as the sweep would.
+
+    A flag raised by somebody else's request (the sweep, a cancel, the
+    worker's shutdown) starts the same stop window (``noticed``). Every
+    write is a conditional transition, so the sweep may act on the same turn
+    at the same moment: one of them wins, the other changes nothing. Once
+    ``runner_returned`` is called the watch does nothing more: the outcome
+    is the worker's to finish."""
+
+    RETRY_S = 1.0
+
+    def __init__(
+        self,
+        *,
+        turn: Turn,
+        endpoint: Endpoint,
+        interrupt: threading.Event,
+        now: float | None = None,
+    ) -> None:
+        now = time.monotonic() if now is None else now
+        self.turn, self.interrupt = turn, interrupt
+        budget = (turn.deadline_at - turn.started_at).total_seconds()
+        self.stop_window = runners.stop_window_s(
+            endpoint.runner, endpoint.heartbeat_timeout_s, endpoint.interrupt_grace_s
+        )
+        self.deadline = now + budget
+        self.due = self.deadline  # monotonic: when ``step`` has something to do
+        self.flag_at: float | None = None  # when this worker raised (or saw) the flag
+        self.recorded = False  # the turn's interrupt is in the ledger (ours or another's)
+        self.settled = False  # quarantined, or found not interrupting any more
+        self.returned = False
+        self._lock = threading.Lock()
+
+    # --- from the turn's own thread ---
+
+    def runner_returned(self) -> None:
+        """The runner returned: from now on the outcome decides, not the watch."""
+        with self._lock:
+            self.returned = True
+            self.due = float("inf")
+
+    def record_interrupt(self) -> None:
+        """Before the finish of a stopped outcome: the interrupt this worker
+        raised the flag for is in the ledger (retried through an outage),
+        so the finish records why the turn stopped."""
+        if self.flag_at is not None and not self.recorded:
+            retry_transient(
+                self._request,
+                what=f"interrupt of turn {self.turn.id}",
+                max_s=settings.FINISH_RETRY_MAX_S,
+            )
+
+    def quarantine_unproven(self) -> uuid.UUID | None:
+        """The runner gave up without stop evidence (an isolated process that
+        survived SIGKILL): quarantine now, without waiting for the sweep."""
+        self.record_interrupt()
+
+        def attempt() -> uuid.UUID | None:
+            case = quarantine_turn(turn_id=self.turn.id, actor=WORKER_ACTOR)
+            self.settled = case is not None or not self._interrupting()
+            return case
+
+        return retry_transient(
+            attempt, what=f"quarantine of turn {self.turn.id}", max_s=settings.FINISH_RETRY_MAX_S
+        )
+
+    # --- from the heartbeat thread ---
+
+    def noticed(self, now: float) -> None:
+        """The ledger says the turn is interrupting (the flag came with a beat)."""
+        with self._lock:
+            self.recorded = True
+            if self.flag_at is None and not self.returned:
+                self.flag_at = now
+                self.due = min(self.due, now + self.stop_window)
+
+    def step(self, now: float) -> None:
+        """What is due now; never raises (it runs on the heartbeat thread)."""
+        with self._lock:
+            if self.returned or self.settled:
+                self.due = float("inf")
+                return
+            if self.flag_at is None:
+                self.flag_at = now
+                log.warning(
+                    "turn %s seq %s is past its budget: its worker interrupts it",
+                    self.turn.id,
+                    self.turn.seq,
+                )
+        retry = False
+        try:
+            if not self.recorded:
+                self._request()
+            if now >= self.flag_at + self.stop_window:
+                retry = not self._quarantine()
+        except TRANSIENT_DB_ERRORS as exc:
+            retry = True
+            log.warning(
+                "budget of turn %s seq %s: %s; retrying", self.turn.id, self.turn.seq, describe(exc)
+            )
+            drop_broken_connection()
+        except Exception:  # the watch must not kill the heartbeat thread
+            retry = True
+            log.exception("budget of turn %s failed; retrying", self.turn.id)
+            drop_broken_connection()
+        finally:
+            self.interrupt.set()
+        with self._lock:
+            if self.returned or self.settled:
+                self.due = float("inf")
+            elif retry or not self.recorded:
+                self.due = now + self.RETRY_S
+            else:
+                self.due = max(self.flag_at + self.stop_window, now + self.RETRY_S)
+
+    def _request(self) -> None:
+        request_interrupt(
+            turn_id=self.turn.id, seq=self.turn.seq, reason="deadline", actor=WORKER_ACTOR
+        )
+        # Ours, or the turn was no longer running (interrupted by another, or
+        # ended): either way there is nothing more to ask.
+        self.recorded = True
+
+    def _quarantine(self) -> bool:
+        """False: not yet (the ledger's grace, on the clock of whoever asked,
+        has not run out): try again."""
+        with self._lock:
+            if self.returned:
+                return True
+        case = quarantine_turn(turn_id=self.turn.id, actor=WORKER_ACTOR)
+        if case is not None or not self._interrupting():
+            self.settled = True
+            return True
+        return False
+
+    def _interrupting(self) -> bool:
+        state = Turn.objects.filter(id=self.turn.id).values_list("state", flat=True).first()
+        return state == TurnState.INTERRUPTING
 
 
 def _stop_window(turn: Turn) -> float:

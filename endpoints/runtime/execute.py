@@ -24,6 +24,7 @@ from ..models import (
     Turn,
 )
 from ..runners import Outcome, TurnContext
+from .budgets import BudgetWatch
 from .dispatch import publish_next
 from .finish import Finished, finish_turn
 from .heartbeats import Heartbeater
@@ -91,7 +92,11 @@ def _run_one(
     turn, ticket, endpoint = started.turn, started.ticket, started.endpoint
     interrupt = threading.Event()
     interval = runners.heartbeat_interval(endpoint.heartbeat_timeout_s, endpoint.interrupt_grace_s)
-    beater = Heartbeater(turn, interval, interrupt)
+    # This process enforces the turn's budget itself (the sweep is the safety
+    # net for a worker that is gone): the deadline, timed from now on this
+    # host's monotonic clock, raises the flag and the escalation follows.
+    watch = BudgetWatch(turn=turn, endpoint=endpoint, interrupt=interrupt)
+    beater = Heartbeater(turn, interval, interrupt, watch=watch)
     ctx = TurnContext(
         ticket_id=ticket.id,
         turn_id=turn.id,
@@ -125,13 +130,22 @@ def _run_one(
     idle_recorded = False
     try:
         outcome = runners.run(ctx)
+        watch.runner_returned()
         if outcome.kind == "deferred":
+            # The agent answers (and is stopped) through the API: its budget
+            # is the sweep's.
             log.info("turn %s deferred: the agent answers through the API", turn.id)
             return turn.id, None
         if outcome.kind == "unproven":
-            # Nothing proves the turn stopped: no finish, the sweep quarantines.
+            # Nothing proves the turn stopped: no finish; quarantined here
+            # (the sweep would, later).
             log.error("turn %s: no stop evidence (%s)", turn.id, outcome.evidence)
+            watch.quarantine_unproven()
             return turn.id, None
+        if outcome.kind == "stopped":
+            # Stopped by the flag this worker raised: the interrupt is in the
+            # ledger before the finish, which then records why (timed out).
+            watch.record_interrupt()
         finished = finish_with_retry(turn=turn, outcome=outcome, slot=slot, hand_on=hand_on)
         idle_recorded = finished.slot_recorded
     finally:

@@ -1,5 +1,6 @@
 """Liveness of a running turn: the heartbeat service and the worker's
-heartbeat thread that also raises the runner's interrupt flag."""
+heartbeat thread that also raises the runner's interrupt flag and wakes
+for the turn's budget."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Protocol
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -30,6 +32,17 @@ from ..models import (
 from .evidence import record_stale
 
 log = logging.getLogger(__name__)
+
+
+class Watch(Protocol):
+    """What the heartbeat thread drives besides the beats: the turn's budget
+    (``budgets.BudgetWatch``, a layer above this module)."""
+
+    due: float  # monotonic; inf when nothing is left to do
+
+    def noticed(self, now: float) -> None: ...
+
+    def step(self, now: float) -> None: ...
 
 
 @dataclass
@@ -81,8 +94,17 @@ class Heartbeater:
 
     RETRY_CAP_S = 2.0
 
-    def __init__(self, turn: Turn, interval: float, interrupt: threading.Event) -> None:
+    def __init__(
+        self,
+        turn: Turn,
+        interval: float,
+        interrupt: threading.Event,
+        watch: Watch | None = None,
+    ) -> None:
         self.turn, self.interval, self.interrupt = turn, interval, interrupt
+        # The turn's budget, enforced by this process (budgets.BudgetWatch):
+        # the same thread wakes for it.
+        self.watch = watch
         self.failures = 0
         self.due = 0.0  # monotonic time of the next scheduled beat
 
@@ -90,7 +112,23 @@ class Heartbeater:
         state = heartbeat(turn_id=self.turn.id, seq=self.turn.seq)
         if state.interrupted:
             self.interrupt.set()
+            if self.watch is not None:
+                self.watch.noticed(time.monotonic())
+                _thread().reschedule()
         return state.interrupted
+
+    def next_due(self) -> float:
+        """When the heartbeat thread has something to do for this turn next."""
+        if self.watch is None:
+            return self.due
+        return min(self.due, self.watch.due)
+
+    def run_due(self, now: float) -> None:
+        """The beat and the budget step that are due at ``now``; never raises."""
+        if self.due <= now:
+            self.scheduled_beat()
+        if self.watch is not None and self.watch.due <= now:
+            self.watch.step(time.monotonic())
 
     def beat(self) -> bool:
         """The runner's ``ctx.heartbeat()``: a database blip must not fail
@@ -171,8 +209,13 @@ class _HeartbeatThread(threading.Thread):
             self._beats[beater.turn.id] = beater
             # Wake the thread only when this beat is due before it would wake
             # anyway (back-to-back short turns then cost no thread switch).
-            if beater.due < self._wake_at:
+            if beater.next_due() < self._wake_at:
                 self._cond.notify()
+
+    def reschedule(self) -> None:
+        """A turn's budget step moved earlier (its interrupt was noticed)."""
+        with self._cond:
+            self._cond.notify()
 
     def remove(self, beater: Heartbeater) -> None:
         with self._cond:
@@ -191,11 +234,13 @@ class _HeartbeatThread(threading.Thread):
         while True:
             with self._cond:
                 now = time.monotonic()
-                due = [b for b in self._beats.values() if b.due <= now]
+                due = [b for b in self._beats.values() if b.next_due() <= now]
                 if not due:
                     idle = not self._beats
                     self._wake_at = (
-                        min(b.due for b in self._beats.values()) if self._beats else float("inf")
+                        min(b.next_due() for b in self._beats.values())
+                        if self._beats
+                        else float("inf")
                     )
                     if not (idle and self._connected):
                         self._cond.wait(None if idle else self._wake_at - now)
@@ -206,7 +251,7 @@ class _HeartbeatThread(threading.Thread):
                 continue
             for beater in due:
                 self._connected = True
-                beater.scheduled_beat()
+                beater.run_due(now)
 
 
 _heartbeat_thread: _HeartbeatThread | None = None

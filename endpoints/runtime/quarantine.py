@@ -29,12 +29,14 @@ from .dispatch import dispatch_next
 log = logging.getLogger(__name__)
 
 
-def quarantine_turn(*, turn_id: uuid.UUID) -> uuid.UUID | None:
+def quarantine_turn(*, turn_id: uuid.UUID, actor: str = "sweeper") -> uuid.UUID | None:
     """No stop evidence within the grace period: the turn is ``uncertain``,
     its ticket ``recovering``, the endpoint ``quarantined`` (the lock stays
     with the uncertain turn) and a case is opened by the case keeper
-    (``endpoints.ports``) — one transaction.
-    Returns the case id, or None if the turn stopped meanwhile."""
+    (``endpoints.ports``) — one transaction. ``actor``: the budget sweep,
+    or the worker that ran the turn (``budgets.BudgetWatch``).
+    Returns the case id, or None if the turn stopped meanwhile (or its grace
+    has not run out)."""
     turn = Turn.objects.filter(id=turn_id).first()
     if turn is None:
         return None
@@ -60,7 +62,7 @@ def quarantine_turn(*, turn_id: uuid.UUID) -> uuid.UUID | None:
             expected=TicketState.RUNNING,
             to=TicketState.RECOVERING,
             kind="turn_uncertain",
-            actor="sweeper",
+            actor=actor,
             turn_id=turn.id,
             detail={"reason": reason},
         )
@@ -69,7 +71,7 @@ def quarantine_turn(*, turn_id: uuid.UUID) -> uuid.UUID | None:
         lifecycle.append_event(
             ticket_id=turn.ticket_id,
             kind="endpoint_quarantined",
-            actor="sweeper",
+            actor=actor,
             turn_id=turn.id,
             detail={"case": str(case_id), "endpoint": turn.endpoint.address},
         )

@@ -275,3 +275,115 @@ def test_a_quarantined_endpoint_admits_and_starts_nothing(make_endpoint):
     # The ticket queued before quarantine is never started.
     assert runtime.start_turn(ticket_id=waiting.id) is None
     assert state_of(waiting.id) == "queued"
+
+
+# --- The worker's own enforcement and the sweep, racing -------------------------------------
+
+
+def _race(*fns):
+    """Run ``fns`` at once (a barrier), each on a thread of its own with its
+    own database connection; their results in order."""
+    barrier = threading.Barrier(len(fns))
+    results = [None] * len(fns)
+    errors = []
+
+    def run(i):
+        try:
+            barrier.wait()
+            results[i] = fns[i]()
+        except Exception as exc:  # reported below: a thread's error must fail the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+def _watched_turn(make_endpoint, **kw):
+    """A running inline turn past its deadline and the worker's watch of it,
+    as the worker process that started it holds it."""
+    turn = _running_turn(make_endpoint, isolation="inline", **kw)
+    wait_for(
+        lambda: timezone.now() > Turn.objects.get(id=turn.id).deadline_at,
+        message="the deadline to pass",
+    )
+    turn = Turn.objects.select_related("endpoint").get(id=turn.id)
+    watch = runtime.BudgetWatch(turn=turn, endpoint=turn.endpoint, interrupt=threading.Event())
+    return turn, watch
+
+
+def test_the_workers_watch_and_the_sweep_make_one_interrupt_and_one_case(make_endpoint):
+    """The worker's own enforcement and the budget sweep act on the same
+    turn at the same moment, at the deadline and again when the grace has
+    run out: one interrupt, one quarantine, one case, whoever wins."""
+    for _ in range(4):
+        turn, watch = _watched_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
+        _race(runtime.sweep_budgets, lambda w=watch: w.step(w.deadline))
+        interrupts = TicketEvent.objects.filter(
+            ticket_id=turn.ticket_id, kind="interrupt_requested"
+        )
+        assert interrupts.count() == 1
+        assert interrupts.get().detail["seq"] == turn.seq
+        assert Turn.objects.get(id=turn.id).state == "interrupting"
+        assert watch.interrupt.is_set(), "the runner's flag is raised without the sweep's help"
+        _past_grace(turn)
+        _race(runtime.sweep_budgets, lambda w=watch: w.step(w.flag_at + w.stop_window))
+        assert RecoveryCase.objects.filter(turn=turn).count() == 1
+        assert Turn.objects.get(id=turn.id).state == "uncertain"
+        assert state_of(turn.ticket_id) == "recovering"
+        assert Endpoint.objects.get(id=turn.endpoint_id).state == "quarantined"
+        assert (
+            TicketEvent.objects.filter(
+                ticket_id=turn.ticket_id, kind="endpoint_quarantined"
+            ).count()
+            == 1
+        )
+
+
+def test_a_stop_racing_the_workers_quarantine_ends_the_turn_one_way(make_endpoint):
+    """The runner's stop evidence arrives as the watch gives up on it: either
+    the turn stopped (ticket timed out, no case) or it is uncertain (case,
+    the stop kept as evidence), never a mixture."""
+    seen = set()
+    for _ in range(6):
+        turn, watch = _watched_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
+        watch.step(watch.deadline)
+        _past_grace(turn)
+        stopped = runtime.Outcome.stopped("runner_returned", {"after_interrupt": True})
+        _race(
+            lambda w=watch: w.step(w.flag_at + w.stop_window),
+            lambda t=turn, o=stopped: runtime.finish_turn(
+                turn_id=t.id, seq=t.seq, outcome=o, source="worker"
+            ),
+        )
+        t = Turn.objects.get(id=turn.id)
+        ticket = Ticket.objects.get(id=turn.ticket_id)
+        cases = RecoveryCase.objects.filter(turn=turn).count()
+        if t.state == "stopped":
+            assert ticket.state == "failed" and ticket.error["code"] == "timed_out"
+            assert cases == 0
+            assert Endpoint.objects.get(id=turn.endpoint_id).state == "available"
+        else:
+            assert t.state == "uncertain" and ticket.state == "recovering" and cases == 1
+            assert CaseEvidence.objects.filter(case__turn=turn, kind="late_stopped").count() == 1
+        seen.add(t.state)
+    assert seen <= {"stopped", "uncertain"}
+
+
+def test_the_watch_leaves_a_turn_whose_runner_returned_and_asks_for_its_exact_seq(make_endpoint):
+    turn, watch = _watched_turn(make_endpoint, turn_budget_s=0.05, interrupt_grace_s=0.05)
+    watch.runner_returned()
+    watch.step(watch.deadline + 60)
+    assert Turn.objects.get(id=turn.id).state == "running"
+    assert not watch.interrupt.is_set()
+    # The interrupt names the exact turn and its seq: another seq asks nothing.
+    assert not runtime.request_interrupt(
+        turn_id=turn.id, seq=turn.seq + 1, reason="deadline", actor="t"
+    )
+    assert runtime.request_interrupt(turn_id=turn.id, seq=turn.seq, reason="deadline", actor="t")
