@@ -391,34 +391,44 @@ def test_postgres_restart_under_load_is_clear_503s_then_recovery(stack, record_f
     assert_audit_clean(stack)
 
 
-# --- The sweeps down while a turn overruns ---------------------------------------------------
+# --- The sweeps down while turns overrun: their own workers enforce the budget ----------------
+
+BUDGET_S = 2
+KILL_AFTER_S = 1.5  # the default for a 3 s grace (runners.kill_after_s)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("down", ["control", "beat", "control+beat"] if FULL else ["control+beat"])
-def test_sweeps_down_past_a_budget_then_the_overrun_is_handled(stack, record_figures, down):
-    """Stop the control worker and/or beat for longer than a turn's budget
-    while turns overrun it. Nothing interrupts them meanwhile; once the
-    process is back, the cooperative turn is interrupted and stopped (its
-    ticket fails as timed out) and the one that ignores interrupts is
-    quarantined with one case."""
-    coop_ep, stuck_ep = (
-        f"over-{down.replace('+', '-')}.coop",
-        f"over-{down.replace('+', '-')}.stuck",
-    )
-    for address in (coop_ep, stuck_ep):
+def test_sweeps_down_past_a_budget_then_the_workers_stop_the_overrun(stack, record_figures, down):
+    """SIGKILL the control worker and/or beat, then run three turns past a
+    2 s budget. With no sweep running, each is stopped by the worker that
+    runs it: the cooperative one returns at its flag, the isolated one that
+    ignores its flag and SIGTERM is SIGKILLed (both fail ``timed_out``
+    within budget + grace + kill_after + 2 s of their start, with stop
+    evidence), and the inline one that ignores its flag, which nothing can
+    prove stopped, is quarantined by its worker with one case. Once the
+    sweeps are back they find nothing left to do."""
+    prefix = f"over-{down.replace('+', '-')}"
+    coop_ep, stubborn_ep, stuck_ep = f"{prefix}.coop", f"{prefix}.stubborn", f"{prefix}.stuck"
+    runners = {
+        coop_ep: stack.runner(),
+        # Ignores its flag and SIGTERM, in a process of its own: the escalation
+        # ends it with SIGKILL and the exit status is the evidence.
+        stubborn_ep: {"kind": "python", "path": "endpoints.demo.stubborn"},
+        # Ignores its flag inline, in the pool process: nothing can prove it
+        # stopped, so it is quarantined.
+        stuck_ep: stack.runner(isolation="inline"),
+    }
+    for address, runner in runners.items():
         # A 30 s heartbeat timeout would mean a beat every 5 s, longer than
         # the 3 s grace: the worker beats twice per grace instead, so the
-        # cooperative runner hears its interrupt in time (this test found it).
-        # The stuck one runs inline: in a process of its own the worker would
-        # stop it with signals and prove it (issue 11); inline, nothing can,
-        # so it is quarantined.
+        # cooperative runner hears an interrupt the sweep asked for in time.
         stack.create_endpoint(
             address,
-            turn_budget_s=2,
+            runner=runner,
+            turn_budget_s=BUDGET_S,
             interrupt_grace_s=GRACE_S,
             heartbeat_timeout_s=30,
-            **({"runner": stack.runner(isolation="inline")} if address == stuck_ep else {}),
         )
     names = down.split("+")
     for name in names:
@@ -429,48 +439,107 @@ def test_sweeps_down_past_a_budget_then_the_overrun_is_handled(stack, record_fig
         assert resp.status_code == 201, resp.text
         return resp.json()["id"]
 
-    coop = admit({"endpoint": coop_ep, "input": {"seconds": 120}})
-    # Ignores its interrupt and outlasts the restart (slow on a loaded
-    # machine); the teardown kills it.
-    stuck = admit({"endpoint": stuck_ep, "input": {"seconds": 120, "ignore_interrupts": True}})
+    coop = admit({"endpoint": coop_ep, "input": {"seconds": 60}})
+    stubborn = admit({"endpoint": stubborn_ep, "input": {"seconds": 60}})
+    # Outlasts the test (the teardown kills it): its pool process stays held.
+    stuck = admit({"endpoint": stuck_ep, "input": {"seconds": 60, "ignore_interrupts": True}})
+    ids = [coop, stubborn, stuck]
 
-    def turns():
-        return dict(
-            stack.sql(
-                "SELECT ticket_id::text, state FROM endpoints_turn WHERE ticket_id = ANY(%s)",
-                [[coop, stuck]],
-            )
+    def turns() -> dict[str, tuple]:
+        rows = stack.sql(
+            "SELECT ticket_id::text, state, started_at, ended_at, stop_evidence, "
+            "interrupt_requested_at FROM endpoints_turn WHERE ticket_id = ANY(%s)",
+            [ids],
         )
+        return {r[0]: r[1:] for r in rows}
 
-    wait_until(lambda: len(turns()) == 2, timeout=60, what="both turns to start")
-    # Past the budget (2 s) and the grace (2 s) with no sweeper running.
-    time.sleep(6)
-    assert turns() == {coop: "running", stuck: "running"}, "nothing enforces budgets while down"
+    wait_until(lambda: len(turns()) == 3, timeout=60, what="the three turns to start")
+    wait_until(
+        lambda: stack.states([coop, stubborn]) == {coop: "failed", stubborn: "failed"},
+        timeout=40,
+        what="the two stoppable turns to fail",
+    )
+    wait_until(
+        lambda: stack.states([stuck])[stuck] == "recovering",
+        timeout=40,
+        what="the stuck turn to be quarantined by its worker",
+    )
+    states = stack.states(ids)
+    rows = turns()
+    assert {t: r[0] for t, r in rows.items()} == {
+        coop: "stopped",
+        stubborn: "stopped",
+        stuck: "uncertain",
+    }
+    errors = dict(
+        stack.sql("SELECT id::text, error->>'code' FROM tickets_ticket WHERE id = ANY(%s)", [ids])
+    )
+    assert errors[coop] == errors[stubborn] == "timed_out"
+    bound = BUDGET_S + GRACE_S + KILL_AFTER_S + 2
+    took = {t: (r[2] - r[1]).total_seconds() for t, r in rows.items() if r[2] is not None}
+    assert took[coop] <= bound and took[stubborn] <= bound, (took, bound)
+    coop_ev, stubborn_ev = rows[coop][3], rows[stubborn][3]
+    assert coop_ev["kind"] == "runner_returned" and coop_ev["detail"]["signals_sent"] == []
+    assert stubborn_ev["kind"] == "process_exit"
+    assert stubborn_ev["detail"]["signals_sent"] == ["SIGTERM", "SIGKILL"]
+    assert stubborn_ev["detail"]["signal"] == "SIGKILL"
+    # The interrupts and the quarantine are the workers' own.
+    actors = dict(
+        stack.sql(
+            "SELECT ticket_id::text, string_agg(actor, ',') FROM tickets_ticketevent "
+            "WHERE ticket_id = ANY(%s) AND kind IN ('interrupt_requested', 'turn_uncertain') "
+            "GROUP BY ticket_id",
+            [ids],
+        )
+    )
+    assert actors == {
+        coop: "worker:budget",
+        stubborn: "worker:budget",
+        stuck: "worker:budget,worker:budget",
+    }, actors
+    quarantined_s = (
+        stack.sql(
+            "SELECT e.at - t.started_at FROM tickets_ticketevent e JOIN endpoints_turn t "
+            "ON t.ticket_id = e.ticket_id WHERE e.ticket_id = %s AND e.kind = 'turn_uncertain'",
+            [stuck],
+        )[0][0]
+    ).total_seconds()
+    # The deadline, then the inline turn's stop window (its grace), on the
+    # heartbeat thread's schedule.
+    assert quarantined_s <= BUDGET_S + GRACE_S + 2, quarantined_s
+
+    # The sweeps come back as the safety net: nothing left for them.
     restart = time.monotonic()
+    (restarted_at,) = stack.sql("SELECT now()")[0]
     for name in names:
         stack.respawn(name)
     stack.wait_ready(*names)
-    back = time.monotonic()  # from here the sweeps run again
+    back = time.monotonic()
     wait_until(
-        lambda: stack.states([coop])[coop] == "failed", timeout=60, what="the coop turn to stop"
+        lambda: stack.sql(
+            "SELECT count(*) FROM health_sweeprun WHERE name = 'budgets' AND last_finished_at > %s",
+            [restarted_at],
+        )[0][0],
+        timeout=30,
+        what="a budget sweep after the restart",
     )
-    coop_s = time.monotonic() - back
-    wait_until(
-        lambda: stack.states([stuck])[stuck] == "recovering",
-        timeout=60,
-        what="the stuck turn to be quarantined",
-    )
-    stuck_s = time.monotonic() - back
-    (error,) = stack.sql("SELECT error->>'code' FROM tickets_ticket WHERE id = %s", [coop])[0]
-    assert error == "timed_out"
-    assert turns() == {coop: "stopped", stuck: "uncertain"}
+    assert stack.states(ids) == states
+    assert {t: r[0] for t, r in turns().items()} == {
+        coop: "stopped",
+        stubborn: "stopped",
+        stuck: "uncertain",
+    }
     endpoint_states = dict(
         stack.sql(
             "SELECT address, state FROM endpoints_endpoint WHERE address = ANY(%s)",
-            [[coop_ep, stuck_ep]],
+            [list(runners)],
         )
     )
-    assert endpoint_states == {coop_ep: "available", stuck_ep: "quarantined"}
+    assert endpoint_states == {
+        coop_ep: "available",
+        stubborn_ep: "available",
+        stuck_ep: "quarantined",
+    }
     open_cases = stack.sql(
         "SELECT count(*) FROM recovery_recoverycase WHERE state = 'open' AND ticket_id = %s",
         [stuck],
@@ -482,11 +551,14 @@ def test_sweeps_down_past_a_budget_then_the_overrun_is_handled(stack, record_fig
             f"{down}_down_while_overrunning",
             stack,
             None,
-            acknowledged={coop, stuck},
+            acknowledged=set(ids),
             audit=report,
+            seconds_to_timed_out={
+                k: round(took[t], 1) for k, t in (("coop", coop), ("stubborn", stubborn))
+            },
+            seconds_to_quarantined=round(quarantined_s, 1),
+            bound_s=bound,
             seconds_to_restart=round(back - restart, 1),
-            seconds_back_to_stopped=round(coop_s, 1),
-            seconds_back_to_quarantined=round(stuck_s, 1),
         )
     )
     assert_audit_clean(stack)
