@@ -46,6 +46,29 @@ def _beat_schedule(sender, **kwargs):
         }
 
 
+# --- No gossip, no mingle, whatever the command line says ----------------------------------------
+
+
+@signals.worker_init.connect
+def _without_gossip_and_mingle(sender=None, **kwargs):
+    """Every worker runs as with ``--without-gossip --without-mingle``, so no
+    command can forget them. Gossip (worker-to-worker events) and mingle
+    (state sync at start-up) serve nothing here: the ledger is the state, and
+    the workers' registry is in the database (endpoints/registry.py). Gossip
+    also took a turns worker down when Redis restarted: its consumer's
+    restart closed the gossip channel on a connection that was gone
+    (``Unrecoverable error: AttributeError("'NoneType' object has no
+    attribute 'hostname'")``, celery/kombu#582), and the worker exited.
+
+    ``worker_init`` comes after the WorkController stored its options and
+    before it builds its bootsteps, which read these two from them (the
+    consumer's Gossip and Mingle steps are then disabled, as the flags do)."""
+    options = getattr(sender, "options", None)
+    if isinstance(options, dict):
+        options["without_gossip"] = True
+        options["without_mingle"] = True
+
+
 # --- Database connections in the worker ----------------------------------------------------------
 
 

@@ -198,13 +198,17 @@ class Stack:
             ],
         )  # fmt: skip
 
-    def spawn_worker(self, name: str, queue: str, concurrency: int) -> None:
+    def spawn_worker(self, name: str, queue: str, concurrency: int, *, flags: bool = True) -> None:
+        """A Celery worker as the deployment starts it; ``flags=False``: the
+        command without ``--without-gossip --without-mingle`` (config/celery.py
+        must turn both off by itself)."""
         self._spawn(
             name,
             [
                 sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", queue,
-                "-c", str(concurrency), "-n", f"{name}@%h", "--without-gossip",
-                "--without-mingle", "--loglevel", "INFO",
+                "-c", str(concurrency), "-n", f"{name}@%h",
+                *(["--without-gossip", "--without-mingle"] if flags else []),
+                "--loglevel", "INFO",
             ],
         )  # fmt: skip
 
@@ -241,8 +245,12 @@ class Stack:
     # name -> how to start it; ``start`` and ``ensure_running`` use these.
     def _spawners(self) -> dict[str, Callable[[], None]]:
         out: dict[str, Callable[[], None]] = {"web": self.spawn_web}
-        for name, concurrency in self.turns:
-            out[name] = lambda n=name, c=concurrency: self.spawn_worker(n, "turns", c)
+        for i, (name, concurrency) in enumerate(self.turns):
+            # Every turns worker after the first is started as a command that
+            # forgot the gossip and mingle flags.
+            out[name] = lambda n=name, c=concurrency, f=(i == 0): self.spawn_worker(
+                n, "turns", c, flags=f
+            )
         out["control"] = lambda: self.spawn_worker("control", "control", self.control)
         out["beat"] = self.spawn_beat
         return out
