@@ -79,14 +79,14 @@ class BudgetWatch:
 
     1. At the deadline (the turn's budget timed from the worker's monotonic
        clock when its start returned: never before the ``deadline_at`` the
-       database recorded, whatever the two hosts' clocks say), the
-       interrupt of this exact turn and ``seq`` is requested through
-       ``request_interrupt``, as the sweep requests it, and the runner's
-       flag is raised. The flag goes up even when the request cannot be
-       recorded (a database outage): the budget holds; the request is
-       retried every ``RETRY_S`` until it is in the ledger, and the worker
-       records it before it finishes a stopped outcome (``record_interrupt``),
-       so the ticket fails as timed out.
+       database recorded, whatever the two hosts' clocks say), the runner's
+       flag is raised and the interrupt of this exact turn and ``seq`` is
+       requested through ``request_interrupt``, as the sweep requests it.
+       The flag does not wait for the request (a database outage): the
+       budget holds; the request is retried every ``RETRY_S`` until it is
+       in the ledger, and the worker records it before it finishes a
+       stopped outcome (``record_interrupt``), so the ticket fails as timed
+       out.
     2. The runner's own escalation follows the flag (an isolated turn's
        supervisor: ``interrupt_grace_s``, SIGTERM, ``kill_after_s``, SIGKILL,
        ``waitpid``; a command's process group), and its outcome, with the
@@ -183,6 +183,9 @@ class BudgetWatch:
                     self.turn.id,
                     self.turn.seq,
                 )
+        # The flag first: the budget holds however long the ledger takes to
+        # record the request (a stopped outcome waits for it: record_interrupt).
+        self.interrupt.set()
         retry = False
         try:
             if not self.recorded:
@@ -199,8 +202,6 @@ class BudgetWatch:
             retry = True
             log.exception("budget of turn %s failed; retrying", self.turn.id)
             drop_broken_connection()
-        finally:
-            self.interrupt.set()
         with self._lock:
             if self.returned or self.settled:
                 self.due = float("inf")
