@@ -156,9 +156,17 @@ class BudgetWatch:
             self.settled = case is not None or not self._interrupting()
             return case
 
-        return retry_transient(
+        case = retry_transient(
             attempt, what=f"quarantine of turn {self.turn.id}", max_s=settings.FINISH_RETRY_MAX_S
         )
+        if case is None and not self.settled:
+            # Still interrupting, its grace not yet run out on the ledger's
+            # clock (another host asked): the sweep's stop window ends it.
+            log.warning(
+                "turn %s gave no stop evidence; its quarantine is left to the budget sweep",
+                self.turn.id,
+            )
+        return case
 
     # --- from the heartbeat thread ---
 
