@@ -4,16 +4,42 @@ take a worker down (celery/kombu#582)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT, _test_env
+
+# Built, not started, in a process of its own: building a worker sends
+# worker_init, whose receivers change the process's settings (the database
+# pool) and Celery's loader state, which the test process must keep.
+PROBE = """
+import json
+import django
+django.setup()
 from config.celery import app
+worker = app.WorkController(pool_cls="solo", concurrency=1, hostname="probe@test")
+steps = {type(s).__name__: bool(s.enabled) for s in worker.consumer.blueprint.steps.values()
+         if getattr(s, "enabled", None) is not None}
+print(json.dumps({"options": worker.options, "steps": steps}))
+"""
 
 
 def test_a_worker_started_without_the_flags_has_no_gossip_and_no_mingle():
-    # Built, not started: the bootsteps exist with their ``enabled`` decided.
-    worker = app.WorkController(pool_cls="solo", concurrency=1, hostname="probe@test")
-    steps = {type(step).__name__: step for step in worker.consumer.blueprint.steps.values()}
-    assert worker.options["without_gossip"] is True
-    assert worker.options["without_mingle"] is True
-    assert steps["Gossip"].enabled is False
-    assert steps["Mingle"].enabled is False
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=ROOT,
+        env={**_test_env(), "DJANGO_SETTINGS_MODULE": "config.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    built = json.loads(done.stdout.strip().splitlines()[-1])
+    assert built["options"]["without_gossip"] is True
+    assert built["options"]["without_mingle"] is True
+    assert built["steps"]["Gossip"] is False
+    assert built["steps"]["Mingle"] is False
     # What the worker does need is still there.
-    assert steps["Tasks"].enabled and steps["Control"].enabled
+    assert built["steps"]["Tasks"] and built["steps"]["Control"]
