@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 
 from django.conf import settings
 from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
@@ -22,6 +24,7 @@ CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "too_large",
+    429: "rate_limited",
     500: "internal",
 }
 
@@ -150,7 +153,7 @@ def unavailable_response(request, exc: BaseException) -> HttpResponse:
 
     retry_after = max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
     what = "message broker" if isinstance(exc, TRANSIENT_BROKER_ERRORS) else "database"
-    log.warning("503 unavailable for %s %s: %s", request.method, request.path, describe(exc))
+    _log_unavailable(request, describe(exc))
     if _wants_json(request):
         response: HttpResponse = JsonResponse(
             {
@@ -168,7 +171,36 @@ def unavailable_response(request, exc: BaseException) -> HttpResponse:
         )
     response["Retry-After"] = str(retry_after)
     response["Cache-Control"] = "no-store"
+    # Logged above, at WARNING: Django's own line for a 5xx ("Service
+    # Unavailable: ...", ERROR in django.request) would repeat it per request.
+    response._has_been_logged = True
     return response
+
+
+UNAVAILABLE_LOG_EVERY_S = 1.0
+_unavailable_log = {"at": -1e9, "suppressed": 0}
+_unavailable_log_lock = threading.Lock()
+
+
+def _log_unavailable(request, cause: str) -> None:
+    """One WARNING per second per process at most, naming the cause and how
+    many 503s were answered since the last line: an outage is one event, not
+    a line per request (and an error-level line would page someone for what
+    the service rides out by itself)."""
+    now = time.monotonic()
+    with _unavailable_log_lock:
+        if now - _unavailable_log["at"] < UNAVAILABLE_LOG_EVERY_S:
+            _unavailable_log["suppressed"] += 1
+            return
+        suppressed, _unavailable_log["suppressed"] = _unavailable_log["suppressed"], 0
+        _unavailable_log["at"] = now
+    log.warning(
+        "503 unavailable for %s %s: %s%s",
+        request.method,
+        request.path,
+        cause,
+        f" ({suppressed} more 503s since the last line)" if suppressed else "",
+    )
 
 
 class TransientFaultMiddleware:

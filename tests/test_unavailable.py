@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import time
 
 import psycopg
 import pytest
@@ -166,3 +168,27 @@ def test_mcp_during_an_outage_is_503_or_an_unavailable_tool_error(
     assert "5432" not in response.content.decode()
     response = client.post("/mcp", body, content_type="application/json", **headers)
     assert response.json()["result"]["structuredContent"] == {"items": [], "next_cursor": None}
+
+
+def test_503s_log_one_warning_a_second_with_their_cause_and_no_error(api, caplog, monkeypatch):
+    """An outage is one event: a WARNING naming the cause at most once a
+    second per process (with the count it stood for), never Django's
+    ERROR line per 5xx."""
+    from config import middleware
+
+    # No line logged recently (raising=False: the test also runs on code without the throttle).
+    throttle = {"at": -1e9, "suppressed": 0}
+    monkeypatch.setattr(middleware, "_unavailable_log", throttle, raising=False)
+    with caplog.at_level(logging.INFO), database_down():
+        for _ in range(5):
+            assert_unavailable_json(api.get("/tickets"))
+        first = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        # A second later (as the throttle's clock sees it) the next 503 logs again.
+        throttle["at"] = time.monotonic() - 1.01
+        assert_unavailable_json(api.get("/endpoints"))
+    assert [r.levelname for r in first] == ["WARNING"], [r.getMessage() for r in first]
+    assert "503 unavailable for GET /api/v1/tickets" in first[0].getMessage()
+    assert "OperationalError" in first[0].getMessage()  # the cause
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.levelname for r in lines] == ["WARNING", "WARNING"], [r.getMessage() for r in lines]
+    assert "4 more 503s since the last line" in lines[1].getMessage()
