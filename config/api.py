@@ -9,6 +9,7 @@ from django.http import Http404, HttpRequest, JsonResponse
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
+from config import fairshare
 from config.errors import DomainError
 from config.inputs import JsonParser
 from config.openapi import DocumentedErrorsAPI
@@ -23,6 +24,9 @@ class ApiKeyAuth(HttpBearer):
         user = user_for_key(token)
         if user is not None:
             request.user = user
+            # Its share of the web threads (429 rate_limited over it); the
+            # lease is released by FairShareMiddleware when the request answers.
+            fairshare.enter_request(request, user)
         return user
 
 
@@ -45,7 +49,10 @@ def error_response(status: int, code: str, detail: str, **extra) -> JsonResponse
 
 @api.exception_handler(DomainError)
 def _domain_error(request, exc: DomainError):
-    return JsonResponse(exc.payload(), status=exc.status)
+    response = JsonResponse(exc.payload(), status=exc.status)
+    for name, value in exc.headers().items():
+        response[name] = value
+    return response
 
 
 @api.exception_handler(ValidationError)

@@ -18,6 +18,10 @@ class DomainError(Exception):
     def payload(self) -> dict[str, Any]:
         return {"error": self.code, "detail": self.detail, **self.extra}
 
+    def headers(self) -> dict[str, str]:
+        """Response headers the error carries (none but for a few codes)."""
+        return {}
+
 
 class Invalid(DomainError):
     status, code = 400, "invalid"
@@ -61,3 +65,24 @@ class EndpointQuarantined(DomainError):
 
 class CircuitOpen(DomainError):
     status, code = 429, "circuit_open"
+
+
+class RateLimited(DomainError):
+    """The caller is over one of its fair-share limits (config/fairshare.py).
+    The response carries ``Retry-After`` and the IETF draft's
+    ``RateLimit-Limit`` / ``RateLimit-Remaining`` / ``RateLimit-Reset``."""
+
+    status, code = 429, "rate_limited"
+
+    def __init__(self, detail: str, *, limit: int, retry_after: int, **extra: Any) -> None:
+        super().__init__(detail, limit=limit, retry_after=retry_after, **extra)
+        self.limit = limit
+        self.retry_after = max(1, int(retry_after))
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "Retry-After": str(self.retry_after),
+            "RateLimit-Limit": str(self.limit),
+            "RateLimit-Remaining": "0",
+            "RateLimit-Reset": str(self.retry_after),
+        }

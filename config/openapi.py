@@ -44,7 +44,12 @@ STATUSES: dict[int, tuple[tuple[str, ...], str]] = {
     ),
     422: (("invalid",), "The body or a parameter does not match the schema; `errors` lists each."),
     423: (("endpoint_quarantined",), "The endpoint is quarantined; body has `case`."),
-    429: (("circuit_open",), "The trace reached `TRACE_HARD_LIMIT`."),
+    429: (
+        ("circuit_open", "rate_limited"),
+        "`circuit_open`: the trace reached `TRACE_HARD_LIMIT`; `rate_limited`: the caller is over "
+        "one of its fair-share limits (admissions per window, requests in flight): retry after "
+        "`Retry-After` seconds.",
+    ),
     503: (
         ("unavailable",),
         "The database or broker is briefly unreachable; retry after `Retry-After` seconds.",
@@ -76,7 +81,12 @@ class ErrorOut(Schema):
     ticket: str | None = Field(default=None, description="409 dedupe_conflict: the ticket.")
     state: str | None = Field(default=None, description="409 invalid_transition: its state.")
     case: str | None = Field(default=None, description="423: the open recovery case.")
-    limit: int | None = Field(default=None, description="413: the limit in bytes.")
+    limit: int | None = Field(
+        default=None, description="413: the limit in bytes; 429 rate_limited: the limit."
+    )
+    retry_after: int | None = Field(
+        default=None, description="429 rate_limited, 503: seconds before a retry."
+    )
 
 
 # Statuses a route adds to the defaults, by "METHOD /path" under the API root.
@@ -106,6 +116,12 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "POST /recovery/cases/{case_id}/lesson": {409},
 }
 UNLISTED_ERRORS = {403, 404, 409}
+# The IETF draft's RateLimit fields on a `rate_limited` answer (config/errors.py).
+RATE_LIMIT_HEADERS = {
+    "RateLimit-Limit": "the limit the caller is over.",
+    "RateLimit-Remaining": "what is left of it (0).",
+    "RateLimit-Reset": "seconds until the window frees up.",
+}
 WRITE_METHODS = {"post", "put", "patch", "delete"}
 
 
@@ -114,6 +130,8 @@ def error_statuses(method: str, path: str, operation: dict[str, Any]) -> set[int
     statuses = {400, 413, 503}
     if operation.get("security"):
         statuses.add(401)
+        # A key's requests in flight are limited on every route (config/fairshare.py).
+        statuses.add(429)
     if operation.get("parameters") or operation.get("requestBody"):
         statuses.add(422)
     if "{" in path:
@@ -129,13 +147,19 @@ def _response(status: int) -> dict[str, Any]:
         "description": f"{' | '.join(codes)}: {when}",
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}},
     }
-    if status == 503:
+    if status in (429, 503):
         response["headers"] = {
             "Retry-After": {
                 "description": "Seconds to wait before retrying.",
                 "schema": {"type": "integer", "minimum": 0},
             }
         }
+    if status == 429:
+        for name, what in RATE_LIMIT_HEADERS.items():
+            response["headers"][name] = {
+                "description": f"`rate_limited` only: {what}",
+                "schema": {"type": "integer", "minimum": 0},
+            }
     return response
 
 

@@ -75,6 +75,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Once the user is known: a console user's requests in flight are
+    # counted, and every request's lease is released when it answers.
+    "config.fairshare.FairShareMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -329,6 +332,16 @@ ADMISSION_MAX_WAIT_S = env.float("ADMISSION_MAX_WAIT_S", default=60.0)
 # stay for requests. A tab over the limit polls until a slot frees.
 CONSOLE_LIVE_WAIT_S = env.float("CONSOLE_LIVE_WAIT_S", default=25.0)
 CONSOLE_LIVE_SLOTS = env.int("CONSOLE_LIVE_SLOTS", default=2)
+# Fair share per user (config/fairshare.py; docs/api.md "Fair share"): every
+# API key of a user and their console session share these. Admissions per
+# window in `limits` notation ("" for none); requests in flight and wait_s
+# waits across all web processes (0 for no limit). A wait_s also needs one
+# of this process's API_WAIT_SLOTS (0: wait_s never waits); keep
+# API_WAIT_SLOTS + CONSOLE_LIVE_SLOTS below GUNICORN_THREADS.
+RATE_LIMIT_ADMISSIONS = env.str("RATE_LIMIT_ADMISSIONS", default="10/second;300/minute")
+RATE_LIMIT_CONCURRENT_REQUESTS = env.int("RATE_LIMIT_CONCURRENT_REQUESTS", default=8)
+RATE_LIMIT_CONCURRENT_WAITS = env.int("RATE_LIMIT_CONCURRENT_WAITS", default=4)
+API_WAIT_SLOTS = env.int("API_WAIT_SLOTS", default=2)
 # The obligations sweep has no need to run as often as the others.
 OBLIGATION_SWEEP_INTERVAL_S = env.float(
     "OBLIGATION_SWEEP_INTERVAL_S", default=max(SWEEP_INTERVAL_S, 30.0)
@@ -385,6 +398,20 @@ RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
 MAX_TURN_BUDGET_S = 7 * 24 * 3600
 # No CELERY_BROKER_URL: the embedded Redis on its unix socket.
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or embedded.broker_url(VAR_DIR)
+# Where the fair-share counters live (config/fairshare.py): the broker's
+# Redis by default (its unix socket in the embedded default); "memory://":
+# each process counts alone. Unreachable: requests pass unlimited, with a
+# WARNING (fail open).
+RATE_LIMIT_STORAGE_URL = env.str(
+    "RATE_LIMIT_STORAGE_URL",
+    default=(
+        CELERY_BROKER_URL
+        if CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+        else CELERY_BROKER_URL.replace("redis+socket://", "redis+unix://", 1)
+        if CELERY_BROKER_URL.startswith("redis+socket://")
+        else ""
+    ),
+)
 # The visibility timeout must exceed the longest turn budget
 # (MAX_TURN_BUDGET_S, the cap endpoints.services enforces), so a message
 # is never redelivered while its turn may still run; a redelivered message

@@ -39,6 +39,25 @@ def pytest_configure(config):
             "the test suite runs against PostgreSQL: use `make test` or set DATABASE_URL"
         )
     _own_broker_per_xdist_worker()
+    _fair_share_off()
+
+
+# The fair-share limits (config/fairshare.py) as the suite runs: off, since
+# many tests admit tickets and wait on them faster and more at once than a
+# production caller may. Tests of the limits turn them on (the ``settings``
+# fixture in-process, the environment of the servers they start).
+FAIR_SHARE_OFF = {
+    "RATE_LIMIT_ADMISSIONS": "",
+    "RATE_LIMIT_CONCURRENT_REQUESTS": 0,
+    "RATE_LIMIT_CONCURRENT_WAITS": 0,
+    "API_WAIT_SLOTS": 64,
+}
+
+
+def _fair_share_off() -> None:
+    for name, value in FAIR_SHARE_OFF.items():
+        os.environ.setdefault(name, str(value))
+        setattr(settings, name, type(value)(os.environ[name]))
 
 
 def _own_broker_per_xdist_worker() -> None:
@@ -59,6 +78,7 @@ def _own_broker_per_xdist_worker() -> None:
     own = (base - int(worker[2:])) % 16
     url = urlunsplit(parts._replace(path=f"/{own}"))
     settings.CELERY_BROKER_URL = url
+    settings.RATE_LIMIT_STORAGE_URL = url  # the fair-share counters beside it
     # Celery derives the read and write URLs from broker_url once configured.
     app.conf.update(broker_url=url, broker_read_url=url, broker_write_url=url)
 
@@ -193,6 +213,7 @@ def _test_env() -> dict[str, str]:
         f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{connection.settings_dict['NAME']}"
     )
     env["CELERY_BROKER_URL"] = settings.CELERY_BROKER_URL
+    env["RATE_LIMIT_STORAGE_URL"] = settings.RATE_LIMIT_STORAGE_URL
     env["SWEEP_INTERVAL_S"] = "0.5"
     env["REDISPATCH_AFTER_S"] = "1"
     env["WORKER_HEARTBEAT_S"] = "0.5"

@@ -270,6 +270,71 @@ def test_the_api_answers_503_while_postgres_is_down_and_recovers(stack, procs):
     assert 500 not in statuses
 
 
+def test_a_committed_admission_whose_wait_meets_an_outage_answers_201(stack, procs):
+    """Once an admission committed its answer is 201 with the ticket as it
+    stands: PostgreSQL stopping during its ``wait_s`` (the listener's
+    connection lost, the re-read refused) is no 503."""
+    import threading
+    import uuid
+
+    import psycopg
+
+    api = stack.api()
+    key = f"truth-{uuid.uuid4().hex}"
+    answer: dict[str, object] = {}
+
+    def admit() -> None:
+        started = time.monotonic()
+        answer["response"] = api.post(
+            "/tickets",
+            json={"endpoint": "demo.echo", "input": {"k": key}, "dedupe_key": key, "wait_s": 40},
+        )
+        answer["took_s"] = time.monotonic() - started
+
+    def committed_and_waiting() -> bool:
+        # No worker runs: the ticket stays queued and the request waits on
+        # (the web process's listener holds a LISTEN session meanwhile).
+        with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
+            admitted = conn.execute(
+                "SELECT 1 FROM tickets_ticket WHERE dedupe_key = %s", [key]
+            ).fetchone()
+            listening = conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN %%'"
+            ).fetchone()
+        return bool(admitted and listening)
+
+    thread = threading.Thread(target=admit, daemon=True)
+    thread.start()
+    try:
+        wait_for(committed_and_waiting, timeout=30, message="the admission to commit and wait")
+        stack.pg.stop()
+        thread.join(timeout=30)
+    finally:
+        stack.pg.start()
+    assert not thread.is_alive(), "the admission did not answer during the outage"
+    response = answer["response"]
+    assert response.status_code == 201, response.text[:300]
+    body = response.json()
+    assert body["state"] == "queued" and body["dedupe_key"] == key
+    assert answer["took_s"] < 35  # answered when the wait failed, not at its end
+    # The same key afterwards finds that very ticket.
+    again = wait_for(
+        lambda: (
+            (
+                r := api.post(
+                    "/tickets",
+                    json={"endpoint": "demo.echo", "input": {"k": key}, "dedupe_key": key},
+                )
+            ).status_code
+            != 503
+            and r
+        ),
+        timeout=30,
+        message="the API to answer again",
+    )
+    assert again.status_code == 200 and again.json()["id"] == body["id"], again.text[:300]
+
+
 def test_readyz_reports_a_missing_sweeper_until_beat_runs(stack, procs):
     readyz = f"{stack.base}/readyz"
     sweeps = {"sweep:budgets", "sweep:lost_dispatches", "sweep:deliveries", "sweep:obligations"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import datetime
 from typing import Any
@@ -10,15 +11,17 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 
-from config import limits, tracing
+from config import fairshare, limits, tracing
 from config.errors import Invalid
 from config.schemas import Strict
+from config.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
 
 from . import admission, delivery, lifecycle, obligations, selectors, traces, waits
 from .models import TERMINAL_STATES, Ticket
 from .ports import endpoint_directory
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
 
+log = logging.getLogger(__name__)
 router = Router(tags=["tickets"])
 
 
@@ -57,6 +60,39 @@ def visible(request: HttpRequest, ticket_id: str) -> Ticket:
     return selectors.get_visible_ticket(ticket_id, user=request.user)
 
 
+def answer_admitted(request: HttpRequest, admitted: admission.Admitted, wait_s: float | None):
+    """The answer to a committed admission: 201 (200 for a duplicate) with
+    the ticket as it stands, never an error (API.md: a committed admission
+    is never 503). With ``wait_s`` it waits for a terminal state when a
+    wait slot is free (config/fairshare.py; none free: it answers at once);
+    a wait or a re-read that meets a transient fault (the database or the
+    listener's connection gone) answers with the ticket as it was last
+    read, else as it was committed."""
+    status = 200 if admitted.duplicate else 201
+    # Built before any wait: a new ticket's row and endpoint are at hand
+    # (admission returns them), so this normally costs no query.
+    body = selectors.ticket_payload(admitted.ticket, duplicate=admitted.duplicate)
+    if not wait_s or admitted.ticket.state in TERMINAL_STATES:
+        return Status(status, body)
+    with fairshare.wait_slot(request.user) as granted:
+        try:
+            ticket = selectors.get_ticket(admitted.ticket.id)
+            body = selectors.ticket_payload(ticket, duplicate=admitted.duplicate)
+            if granted:
+                ticket = wait_for_terminal(ticket, wait_s)
+                body = selectors.ticket_payload(ticket, duplicate=admitted.duplicate)
+        except TRANSIENT_ERRORS as exc:
+            drop_broken_connection()
+            log.warning(
+                "ticket %s was admitted; its wait_s met a transient fault (%s): "
+                "answering %d with the ticket as last read",
+                admitted.ticket.id,
+                describe(exc),
+                status,
+            )
+    return Status(status, body)
+
+
 def wait_for_terminal(ticket: Ticket, wait_s: float) -> Ticket:
     """Wait until the ticket is terminal or ``wait_s`` has passed: woken by
     the NOTIFY of its terminal transition (tickets/waits.py), no polling.
@@ -79,6 +115,7 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
         key = header_key
     if payload.wait_s is not None and payload.wait_s > settings.ADMISSION_MAX_WAIT_S:
         raise Invalid(f"wait_s must be at most {settings.ADMISSION_MAX_WAIT_S}")
+    fairshare.check_admission(request.user)  # 429 before anything is looked up
     requester = payload.requester.model_dump(exclude_none=True) if payload.requester else {}
     if requester.get("webhook_url"):
         delivery.validate_webhook_url(requester["webhook_url"])
@@ -106,11 +143,7 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
             submitter=request.user,
             actor=actor_of(request),
         )
-    ticket = admitted.ticket
-    if payload.wait_s:
-        ticket = wait_for_terminal(selectors.get_ticket(ticket.id), payload.wait_s)
-    status = 200 if admitted.duplicate else 201
-    return Status(status, selectors.ticket_payload(ticket, duplicate=admitted.duplicate))
+    return answer_admitted(request, admitted, payload.wait_s)
 
 
 @router.get("", response=TicketPage)

@@ -22,6 +22,7 @@ from claimcheck_client import (
     Invalid,
     InvalidTransition,
     NotFound,
+    RateLimited,
     TooLarge,
     TransportError,
     Unauthenticated,
@@ -202,6 +203,25 @@ def test_too_large_invalid_and_circuit_open(cc, endpoint, settings):
     with pytest.raises(CircuitOpen) as breaker:
         cc.submit("limits", {"n": 3}, parent=root.id)
     assert (breaker.value.status, breaker.value.trace_id) == (429, root.trace_id)
+
+
+def test_a_429_rate_limited_is_retried_after_its_retry_after(
+    cc, server, api_key, endpoint, settings
+):
+    """Over the server's admission limit (config/fairshare.py, counted in
+    Redis): the client waits the 429's Retry-After and repeats with the same
+    key; with no retries left it raises RateLimited with the wait."""
+    endpoint("metered")
+    settings.RATE_LIMIT_ADMISSIONS = "1 per 2 seconds"
+    cc.submit("metered", {"n": 1})
+    started = time.monotonic()
+    second = cc.submit("metered", {"n": 2}, dedupe_key="k-429")
+    assert time.monotonic() - started >= 1.0  # Retry-After (2 s, less what had passed) honoured
+    assert (second.duplicate, second.dedupe_key) == (False, "k-429")
+    with Client(server, api_key, retries=0) as impatient, pytest.raises(RateLimited) as info:
+        impatient.submit("metered", {"n": 3})
+    assert (info.value.status, info.value.code, info.value.limit) == (429, "rate_limited", 1)
+    assert 1 <= info.value.retry_after <= 2
 
 
 # --- Reads ---------------------------------------------------------------------------------

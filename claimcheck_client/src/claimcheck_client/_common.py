@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -85,6 +86,13 @@ def long_poll_body(ticket: Ticket, wait_s: float) -> dict[str, Any]:
         "dedupe_key": ticket.dedupe_key,
         "wait_s": round(wait_s, 3),
     }
+
+
+def answered_early(asked: float, wait_s: float) -> bool:
+    """Did a long poll asked at ``asked`` (monotonic) come back unfinished
+    well before its ``wait_s``? The server answers at once when it has no
+    wait slot free for the caller (API.md "Fair share")."""
+    return time.monotonic() - asked < wait_s / 2
 
 
 def already_done(

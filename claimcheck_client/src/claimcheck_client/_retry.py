@@ -31,8 +31,8 @@ class RetryPolicy:
     """``retries`` repeats after the first attempt. Waits are full-jitter
     exponential backoff, uniform in [0, min(cap, base * 2^n)], so many
     clients retrying against one struggling server spread out instead of
-    arriving together; a 503's ``Retry-After`` is honoured (up to
-    ``max_retry_after``) with a little jitter on top."""
+    arriving together; the ``Retry-After`` of a 503 or a 429 ``rate_limited``
+    is honoured (up to ``max_retry_after``) with a little jitter on top."""
 
     retries: int = 5
     backoff_base: float = 0.25
@@ -72,6 +72,19 @@ def _body(response: httpx.Response) -> Any:
         return None
 
 
+def _retryable(response: httpx.Response) -> bool:
+    """503 (the server briefly away) and a 429 that is a rate limit, ours
+    (``rate_limited``) or a proxy's (no Claimcheck body), both of which name
+    a time to come back; not ``circuit_open``, which no wait clears."""
+    if response.status_code == 503:
+        return True
+    if response.status_code != 429:
+        return False
+    body = _body(response)
+    code = body.get("error") if isinstance(body, dict) else None
+    return code in (None, "rate_limited")
+
+
 class Attempts:
     """The retry decisions of one call. Every call this package makes is
     safe to repeat: reads; a submission carries its dedupe key; a heartbeat
@@ -101,7 +114,7 @@ class Attempts:
         return delay
 
     def on_response(self, response: httpx.Response) -> float | None:
-        if response.status_code != 503 or self.attempt >= self.policy.retries:
+        if not _retryable(response) or self.attempt >= self.policy.retries:
             return None
         delay = self.policy.after(
             parse_retry_after(response.headers.get("Retry-After")), self.attempt

@@ -202,7 +202,7 @@ class AsyncClient:
             if left <= 0:
                 break
             if long_poll:
-                wait_s = min(left, self.max_wait_s)
+                wait_s, asked = min(left, self.max_wait_s), time.monotonic()
                 try:
                     data = await self._request(
                         "POST",
@@ -216,6 +216,11 @@ class AsyncClient:
                 polled = Ticket.from_json(data)
                 if polled.id == ticket.id:
                     ticket = polled
+                    if ticket.is_terminal or not _common.answered_early(asked, wait_s):
+                        continue
+                    # No wait slot was free on the server: pause, never a tight loop.
+                    await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                    pause = min(pause * 2, 5.0)
                     continue
                 long_poll = False
             await asyncio.sleep(min(pause, left))

@@ -236,13 +236,20 @@ class Client:
             if left <= 0:
                 break
             if long_poll:
+                wait_s, asked = min(left, self.max_wait_s), time.monotonic()
                 try:
-                    polled = self._long_poll(ticket, min(left, self.max_wait_s))
+                    polled = self._long_poll(ticket, wait_s)
                 except _common.LONG_POLL_GIVE_UP:
                     long_poll = False
                     continue
                 if polled.id == ticket.id:
                     ticket = polled
+                    if ticket.is_terminal or not _common.answered_early(asked, wait_s):
+                        continue
+                    # No wait slot was free on the server (or its wait met an
+                    # outage): pause as a poll would, never a tight loop.
+                    time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                    pause = min(pause * 2, 5.0)
                     continue
                 long_poll = False  # not the same ticket (cannot happen): never trust it
             time.sleep(min(pause, left))

@@ -110,6 +110,18 @@ class CircuitOpen(ClaimcheckError):
         return self.body.get("trace_id")
 
 
+class RateLimited(ClaimcheckError):
+    """429: this caller is over one of its fair-share limits (admissions per
+    window, requests in flight). Retried after its ``Retry-After`` like a
+    503; raised only once the client's retries are used up."""
+
+    code = "rate_limited"
+
+    @property
+    def limit(self) -> int | None:
+        return self.body.get("limit")
+
+
 class Unavailable(ClaimcheckError):
     """503: the server's database or broker is briefly unreachable. Raised
     only once the client's retries are used up."""
@@ -143,6 +155,7 @@ BY_CODE: dict[str, type[ClaimcheckError]] = {
         TooLarge,
         EndpointQuarantined,
         CircuitOpen,
+        RateLimited,
         Unavailable,
     )
 }
@@ -154,7 +167,8 @@ BY_STATUS: dict[int, type[ClaimcheckError]] = {
     413: TooLarge,
     422: Invalid,
     423: EndpointQuarantined,
-    429: CircuitOpen,
+    # A 429 without a Claimcheck body is a proxy's rate limit, not a trace's.
+    429: RateLimited,
     503: Unavailable,
 }
 
