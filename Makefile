@@ -21,7 +21,7 @@ TEST_WORKERS ?= 3
 # pytest-django's name for the test database (test_ + the URL's database name).
 TEST_DB_NAME = test_$(lastword $(subst /, ,$(firstword $(subst ?, ,$(TEST_DATABASE_URL)))))
 
-.PHONY: help install run soak test test-fast faults multihost lint fmt services browser pgbouncer bench bench-install bench-peers bench-http bench-scale clean
+.PHONY: help install run soak test test-fast faults multihost lint fmt services browser pgbouncer proxy bench bench-install bench-peers bench-http bench-scale clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -53,7 +53,10 @@ pgbouncer: ## install Debian's pgbouncer for the pooler test (tests/test_pgbounc
 	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || \
 		(apt-get update -qq && apt-get install -y -qq pgbouncer >/dev/null)
 
-test: install services browser pgbouncer ## the layer contracts, then every test against PostgreSQL and Redis
+proxy: ## install Debian's nginx for the buffering-proxy test (deploy/nginx.conf)
+	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null)
+
+test: install services browser pgbouncer proxy ## the layer contracts, then every test against PostgreSQL and Redis
 	.venv/bin/lint-imports --no-cache
 	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
 		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)

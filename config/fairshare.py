@@ -146,9 +146,9 @@ def check_admission(user) -> None:
     items = _items(settings.RATE_LIMIT_ADMISSIONS)
     if not items or not _redis_usable():
         return
-    limiter = MovingWindowRateLimiter(storage())
     key = subject(user)
     try:
+        limiter = MovingWindowRateLimiter(storage())
         for item in items:
             if limiter.hit(item, "admissions", key):
                 continue
@@ -180,8 +180,12 @@ def _acquire(kind: str, key: str, limit: int) -> tuple[str | None, int]:
     member = uuid.uuid4().hex
     now = time.time()
     expiry = now + _lease_s()
-    store = storage()
     name = f"{KEY_PREFIX}:{kind}:{key}"
+    try:
+        store = storage()
+    except Exception as exc:  # noqa: BLE001 - a store that cannot even be set up fails open
+        _fail_open(f"a {kind} lease", exc)
+        return "", -1
     if isinstance(store, RedisStorage):
         if not _redis_usable():
             return "", -1
@@ -208,7 +212,7 @@ def _acquire(kind: str, key: str, limit: int) -> tuple[str | None, int]:
 def _release(kind: str, key: str, member: str) -> None:
     if not member:
         return
-    store = storage()
+    store = storage()  # it was set up for the lease being released
     name = f"{KEY_PREFIX}:{kind}:{key}"
     if isinstance(store, RedisStorage):
         try:

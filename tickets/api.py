@@ -75,12 +75,11 @@ def answer_admitted(request: HttpRequest, admitted: admission.Admitted, wait_s: 
     if not wait_s or admitted.ticket.state in TERMINAL_STATES:
         return Status(status, body)
     with fairshare.wait_slot(request.user) as granted:
+        if not granted:  # the ticket as admission just read it, at once
+            return Status(status, body)
         try:
-            ticket = selectors.get_ticket(admitted.ticket.id)
+            ticket = wait_for_terminal(selectors.get_ticket(admitted.ticket.id), wait_s)
             body = selectors.ticket_payload(ticket, duplicate=admitted.duplicate)
-            if granted:
-                ticket = wait_for_terminal(ticket, wait_s)
-                body = selectors.ticket_payload(ticket, duplicate=admitted.duplicate)
         except TRANSIENT_ERRORS as exc:
             drop_broken_connection()
             log.warning(
