@@ -50,7 +50,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ValidationError
 
-from config.errors import DomainError
+from config.errors import DomainError, RateLimited
 from config.inputs import check_value
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,11 @@ def mcp_view(request: HttpRequest) -> HttpResponse:
             "each POST with one JSON body (no event stream, no sessions)",
             {"Allow": "POST"},
         )
-    if ApiKeyAuth()(request) is None:
+    try:
+        caller = ApiKeyAuth()(request)
+    except RateLimited as exc:  # the key's requests in flight, as on the API (fairshare.py)
+        return _refuse(exc.status, exc.code, exc.detail, exc.headers())
+    if caller is None:
         return _refuse(
             401,
             "unauthenticated",

@@ -4,6 +4,7 @@ Redis; a counter store that is away lets requests through (fail open)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -133,3 +134,26 @@ def test_an_unreachable_counter_store_fails_open_with_one_warning(
             assert r.status_code == 201, r.content
     lines = [r.getMessage() for r in caplog.records if r.name == "config.fairshare"]
     assert len(lines) == 1 and "unreachable" in lines[0] and "unlimited" in lines[0], lines
+
+
+@pytest.mark.django_db
+def test_mcp_counts_requests_in_flight_as_the_api_does(client, api, fair_share, staff_user):
+    """Another request of the user in flight (a lease taken as the API takes
+    one) and a limit of one: /mcp and the API both answer 429 until it ends."""
+    fair_share.RATE_LIMIT_CONCURRENT_REQUESTS = 1
+    subject = fairshare.subject(staff_user)
+    member, _ = fairshare._acquire("requests", subject, 1)
+    assert member
+    call = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {api.key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+        "HTTP_MCP_PROTOCOL_VERSION": "2025-06-18",
+    }
+    refused = client.post("/mcp", call, content_type="application/json", **headers)
+    assert refused.status_code == 429 and refused.json()["error"] == "rate_limited"
+    assert refused["Retry-After"] == "1" and refused["RateLimit-Limit"] == "1"
+    assert api.get("/tickets").status_code == 429
+    fairshare._release("requests", subject, member)
+    assert client.post("/mcp", call, content_type="application/json", **headers).status_code == 200
+    assert api.get("/tickets").status_code == 200
