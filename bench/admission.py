@@ -12,7 +12,7 @@ Single-threaded, autocommit. Each repetition runs N iterations of each phase:
 - ``new, publish off``: the same with ``app.send_task`` replaced by a no-op in
   this process only (kept from when admission published: now the same work);
 - ``duplicate``: admit_ticket again with the keys and inputs of ``new``;
-- floor ``raw CTE``: the fast path's own statement (``_FAST_SQL``: INSERT ...
+- floor ``raw CTE``: the one-statement admission (bench/floor_sql.py: INSERT ...
   ON CONFLICT DO NOTHING RETURNING, the event and the trace row in one CTE)
   executed with psycopg directly (its defaults: server-side binding, prepared
   from the fifth execution), parameters built before the clock starts;
@@ -131,8 +131,8 @@ def duplicate_loop(keys: list[str]) -> float:
 
 
 def cte_params(keys: list[str]) -> list[dict]:
-    """Parameters for ``_FAST_SQL``, built the way ``_admit_fast_pg`` builds
-    them but before the clock starts: the floor is the statement alone."""
+    """Parameters for the floor's statement (bench/floor_sql.py), built
+    before the clock starts: the floor is the statement alone."""
     from django.conf import settings
     from django.utils import timezone
 
@@ -163,7 +163,7 @@ def cte_params(keys: list[str]) -> list[dict]:
 
 
 def raw_cte_loop(conn, rows: list[dict], *, expect_row: bool = True) -> float:
-    from tickets.admission import _FAST_SQL
+    from bench.floor_sql import ADMISSION_CTE as _FAST_SQL
 
     started = time.perf_counter()
     for params in rows:
@@ -173,7 +173,7 @@ def raw_cte_loop(conn, rows: list[dict], *, expect_row: bool = True) -> float:
 
 
 def raw_dup_loop(conn, rows: list[dict], endpoint_id: int) -> float:
-    from tickets.admission import _FAST_SQL
+    from bench.floor_sql import ADMISSION_CTE as _FAST_SQL
 
     started = time.perf_counter()
     for params in rows:
@@ -191,7 +191,7 @@ def raw_dup_loop(conn, rows: list[dict], endpoint_id: int) -> float:
 def raw_dup_one_loop(conn, rows: list[dict]) -> float:
     """The statement alone on a key that exists: it returns the existing
     ticket whole (one round trip, what the duplicate path now does)."""
-    from tickets.admission import _FAST_SQL
+    from bench.floor_sql import ADMISSION_CTE as _FAST_SQL
 
     started = time.perf_counter()
     for params in rows:
@@ -224,9 +224,9 @@ def raw_send_loop(ids: list[str]) -> float:
 
 
 def raw_cte_send_loop(conn, rows: list[dict]) -> float:
+    from bench.floor_sql import ADMISSION_CTE as _FAST_SQL
     from config.celery import app
     from config.dispatch import RUN_TICKET
-    from tickets.admission import _FAST_SQL
 
     started = time.perf_counter()
     for params in rows:
@@ -273,21 +273,16 @@ def repetition(tag: str, n: int, block: int, raw, raw_client, endpoint_id: int) 
 
 
 def count_queries() -> dict[str, int]:
-    """Round trips of one new and one duplicate admission (publish off).
-    Counted through Django's cursor, so with the prepared path switched off
-    for the count (the prepared statement bypasses Django's cursor; it is the
-    same single statement)."""
+    """Round trips of one new and one duplicate admission (publish off),
+    counted through Django's cursor."""
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext, override_settings
+    from django.test.utils import CaptureQueriesContext
 
     from config.celery import app
     from tickets.admission import admit_ticket
 
     key = f"count-{uuid.uuid4().hex}"
-    with (
-        mock.patch.object(app, "send_task", lambda *a, **kw: None),
-        override_settings(ADMISSION_PREPARED=False),
-    ):
+    with mock.patch.object(app, "send_task", lambda *a, **kw: None):
         with CaptureQueriesContext(connection) as new:
             admit_ticket(endpoint=ADDRESS, input=ticket_input(key), dedupe_key=key)
         with CaptureQueriesContext(connection) as dup:

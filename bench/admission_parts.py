@@ -61,7 +61,7 @@ def _without_cte(sql: str, name: str) -> str:
 
 def variants() -> dict[str, str]:
     """The statement's variants, each derived from the shipped text."""
-    from tickets.admission import _FAST_SQL
+    from bench.floor_sql import ADMISSION_CTE as _FAST_SQL
 
     assert _NOTIFY in _FAST_SQL
     no_notify = _FAST_SQL.replace(_NOTIFY, "false AS woke")

@@ -159,13 +159,6 @@ _app_user = DATABASES["default"].get("USER") or ""
 DATABASE_APP_ROLE = env.str("DATABASE_APP_ROLE", default="") or (
     _app_user if _migrate_user and _migrate_user != _app_user else ""
 )
-# Admission's one statement as a server-side prepared statement (PostgreSQL).
-ADMISSION_PREPARED = env.bool("ADMISSION_PREPARED", default=True)
-# A turn's start and its common finish as one statement each (PostgreSQL).
-TURN_FAST_PATH = env.bool("TURN_FAST_PATH", default=True)
-# ... and those two statements prepared (off behind PgBouncer in transaction
-# mode before 1.21, like ADMISSION_PREPARED).
-TURN_PREPARED = env.bool("TURN_PREPARED", default=True)
 # A worker process that finishes a turn with more tickets queued on the
 # endpoint starts the next one itself (no broker round trip), for at most
 # this many turns and this many seconds from its first start; then it

@@ -74,9 +74,8 @@ def _slot(turn_id: uuid.UUID | None) -> None:
 
 
 def current_slot() -> tuple[str, int] | None:
-    """This pool process's slot (node name, pid), for the turn statements
-    that record it themselves (endpoints.runtime.fastpath); None outside a
-    worker."""
+    """This pool process's slot (node name, pid), for the turn's start and
+    finish functions, which record it themselves; None outside a worker."""
     return (_node, os.getpid()) if _node else None
 
 

@@ -48,6 +48,12 @@ Kinds of violation (each names the ids involved):
   publishes the next ticket). Past that window the design itself counts the
   message as lost (the lost-dispatch sweep re-publishes, writing nothing), so
   a ticket named here lives only on that backstop.
+- ``discarded_result``: a ticket failed ``timed_out`` or ``interrupted``
+  whose exact turn (the ticket's registered turn) reported a success that
+  returned before its interrupt was requested: an event of that turn (its
+  ``turn_stopped``, or a ``stale_outcome``) says ``outcome: success`` with a
+  ``returned_by`` earlier than the turn's ``interrupt_requested_at``. Such
+  a result is the turn's (``endpoints.runtime.finish.late_outcome_accepted``).
 - ``event_state_mismatch``: the last transition event's ``to_state`` is not
   the ticket's state, a ticket has no transition event, or a transition
   event's ``from_state`` is not the previous one's ``to_state``.
@@ -84,6 +90,7 @@ KINDS = (
     "quarantine_cases",
     "duplicate_callback",
     "stranded_queued",
+    "discarded_result",
     "event_state_mismatch",
 )
 
@@ -393,6 +400,26 @@ WHERE t.state = 'queued' AND NOT t.needs_dispatch {scope_t}
   AND (last.ended_at IS NULL OR last.ended_at < %(cutoff)s)
 """
 
+_DISCARDED = """
+SELECT 'discarded_result',
+    jsonb_build_object('ticket', t.id, 'turn', tu.id, 'event', ev.id),
+    format('failed %%s, but turn #%%s reported a success that returned by %%s, before its '
+           'interrupt at %%s (%%s event)',
+           t.error->>'code', tu.seq, ev.detail->>'returned_by', tu.interrupt_requested_at, ev.kind)
+FROM {ticket} t
+JOIN {turn} tu ON tu.id = t.turn_id AND tu.interrupt_requested_at IS NOT NULL
+-- The ticket's own events through event_ticket_idx; only its turn's reports.
+JOIN LATERAL (
+    SELECT e.id, e.kind, e.detail FROM {event} e
+    WHERE e.ticket_id = t.id AND e.turn_id = tu.id
+      AND e.kind IN ('turn_stopped', 'stale_outcome')
+      AND e.detail->>'outcome' = 'success' AND e.detail ? 'returned_by'
+      AND (e.detail->>'returned_by')::timestamptz < tu.interrupt_requested_at
+    ORDER BY e.id LIMIT 1
+) ev ON true
+WHERE t.state = 'failed' AND t.error->>'code' IN ('timed_out', 'interrupted') {scope_t}
+"""
+
 _EVENTS = """
 WITH per AS (
     -- One pass over the transition events (admission included: '' ->
@@ -469,6 +496,7 @@ CHECKS: dict[str, str] = {
     "quarantine": _QUARANTINE,
     "callbacks": _CALLBACKS,
     "dispatch": _STRANDED,
+    "discarded": _DISCARDED,
     "events": _EVENTS,
 }
 

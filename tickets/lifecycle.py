@@ -123,6 +123,14 @@ def transition(
     return expected
 
 
+def after_terminal(*, ticket_id: uuid.UUID) -> None:
+    """The hooks of a terminal transition that ``transition`` did not make
+    (a turn's finish, ``claimcheck_finish_turn``, which opens the delivery
+    itself): the callback a child owes its parent. In the caller's
+    transaction, which holds the ticket row."""
+    _on_terminal(*_terminal_context(ticket_id))
+
+
 def update_fields(*, ticket_id: uuid.UUID, kind: str, actor: str, detail=None, **fields) -> None:
     """Change non-state fields of a ticket (delivery, callback, obligation),
     with an event, in one transaction. The work state only moves through

@@ -191,6 +191,20 @@ class Ticket(models.Model):
             models.CheckConstraint(
                 condition=Q(state__in=TicketState.values), name="ticket_state_valid"
             ),
+            # The database functions write these as literals: the database
+            # holds each column to its enum (tests/test_house_rules.py).
+            models.CheckConstraint(
+                condition=Q(callback_state__in=CallbackState.values),
+                name="ticket_callback_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(delivery_state__in=DeliveryState.values),
+                name="ticket_delivery_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(obligation_state__in=ObligationState.values),
+                name="ticket_obligation_state_valid",
+            ),
         ]
         indexes = [
             # Keyset pagination, newest first (ids are time-ordered).
@@ -337,6 +351,11 @@ class Delivery(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(mode__in=["webhook", "pull"]), name="delivery_mode_valid"
+            ),
+        ]
         indexes = [
             models.Index(
                 fields=["next_attempt_at"],

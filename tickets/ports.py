@@ -21,11 +21,6 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-# The two endpoint values admission's fast-path SQL reads; equal to
-# ``EndpointState.AVAILABLE`` and ``BusyPolicy.ENQUEUE`` (a test holds them so).
-ENDPOINT_AVAILABLE = "available"
-ENDPOINT_ENQUEUE = "enqueue"
-
 
 @dataclass(frozen=True)
 class EndpointDirectory:

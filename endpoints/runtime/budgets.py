@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from config.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection, retry_transient
@@ -43,11 +44,12 @@ def request_interrupt(
     there first)."""
     if turn_id is None:
         return False
-    now = timezone.now()
     exact = {"seq": seq} if seq is not None else {}
     with transaction.atomic():
+        # The database's clock, like the turn's started_at: a late outcome is
+        # judged by comparing the two (docs/design.md, "A late outcome").
         updated = Turn.objects.filter(id=turn_id, state=TurnState.RUNNING, **exact).update(
-            state=TurnState.INTERRUPTING, interrupt_requested_at=now, interrupt_reason=reason
+            state=TurnState.INTERRUPTING, interrupt_requested_at=Now(), interrupt_reason=reason
         )
         if not updated:
             return False

@@ -130,6 +130,11 @@ def _run_one(
     idle_recorded = False
     try:
         outcome = runners.run(ctx)
+        # The run time on this process's monotonic clock, from before the
+        # start statement: finish_turn places the return on the database's
+        # clock with it (a late result that returned before its interrupt
+        # is kept).
+        ran_s = time.monotonic() - started.began
         watch.runner_returned()
         if outcome.kind == "deferred":
             # The agent answers (and is stopped) through the API: its budget
@@ -146,7 +151,9 @@ def _run_one(
             # Stopped by the flag this worker raised: the interrupt is in the
             # ledger before the finish, which then records why (timed out).
             watch.record_interrupt()
-        finished = finish_with_retry(turn=turn, outcome=outcome, slot=slot, hand_on=hand_on)
+        finished = finish_with_retry(
+            turn=turn, outcome=outcome, slot=slot, hand_on=hand_on, ran_s=ran_s
+        )
         idle_recorded = finished.slot_recorded
     finally:
         with _current_lock:
@@ -225,6 +232,8 @@ def start_with_retry(
     for a running turn started by this very message (its Celery task id,
     this worker process) and, if there is one, runs it."""
     attempts = 0
+    # Before any attempt: a turn an earlier attempt committed started after it.
+    first = time.monotonic()
 
     def attempt() -> Started | None:
         nonlocal attempts
@@ -232,6 +241,7 @@ def start_with_retry(
         if attempts > 1 and celery_task_id:
             mine = started_by(celery_task_id)
             if mine is not None:
+                mine.began = first
                 log.warning(
                     "turn %s seq %s was started by an attempt whose reply was lost; running it",
                     mine.turn.id,
@@ -251,6 +261,7 @@ def finish_with_retry(
     outcome: Outcome,
     slot: tuple[str, int] | None = None,
     hand_on: bool = False,
+    ran_s: float | None = None,
 ) -> Finished:
     """``finish_turn`` for an outcome this worker knows, through a database
     outage: retried with backoff for up to ``FINISH_RETRY_MAX_S`` while the
@@ -268,6 +279,7 @@ def finish_with_retry(
             turn=turn,
             slot=slot,
             hand_on=hand_on,
+            ran_s=ran_s,
         ),
         what=f"finish of turn {turn.id} seq {turn.seq}",
         max_s=settings.FINISH_RETRY_MAX_S,

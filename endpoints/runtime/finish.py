@@ -1,10 +1,12 @@
 """Finishing the exact turn: its outcome applied (result, failure, wait
-for children, a callback's resume), the context entry, the callback record
-and the lock released -- or refused as stale evidence."""
+for children, a stop), the context entry, the delivery and the lock released
+by one database function -- or refused as stale evidence -- and around it a
+callback's resume and the callback records."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass
@@ -13,8 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import transaction
-from django.utils import timezone
+from django.db import connection, transaction
 
 from config import observe
 from config.canonical import canonical_json
@@ -26,16 +27,13 @@ from tickets.models import CallbackState, Ticket, TicketState
 
 from .. import runners
 from ..models import (
-    TURN_ACTIVE_STATES,
-    ContextEntry,
     EndpointLock,
     Turn,
     TurnState,
 )
+from ..ports import case_keeper
 from ..runners import Outcome
-from . import fastpath
-from .dispatch import publish_next, redispatch_if_free, release_lock
-from .evidence import record_stale
+from .dispatch import publish_next, redispatch_if_free
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +81,44 @@ class Finished:
     ticket_state: str | None = None
     reason: str = ""
     duplicate: bool = False  # this outcome was already recorded by an earlier attempt
-    slot_recorded: bool = False  # the finish statement marked the worker's slot idle
+    slot_recorded: bool = False  # the finish marked the worker's slot idle
     # With ``hand_on``: the endpoint's next ticket, unmarked and not published,
     # for the caller to start itself or publish (``dispatch.publish_next``).
     next_ticket: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What ``claimcheck_finish_turn`` reports."""
+
+    status: str  # finished | duplicate | stale | missing
+    ticket_state: str | None
+    turn_state: str | None
+    next_ticket: uuid.UUID | None
+    delivery: uuid.UUID | None
+    due: bool
+    reason: str
+
+
+class _Refused(Exception):
+    """The function refused a wait's outcome: undo the children admitted for it."""
+
+    def __init__(self, written: _Written) -> None:
+        super().__init__(written.reason)
+        self.written = written
+
+
+# claimcheck_finish_turn: endpoints/migrations/0007_turn_functions.py.
+_FINISH_SQL = (
+    "SELECT * FROM claimcheck_finish_turn(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,"
+    " %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s, %s)"
+)
+_KINDS = ("success", "failure", "wait", "stopped")
+
+
+def _json(value: Any) -> str | None:
+    # The ORM writes a JSONField's None as SQL NULL; so does this.
+    return None if value is None else json.dumps(value)
 
 
 def finish_turn(
@@ -99,8 +131,12 @@ def finish_turn(
     turn: Turn | None = None,
     slot: tuple[str, int] | None = None,
     hand_on: bool = False,
+    ran_s: float | None = None,
 ) -> Finished:
     """Accept a turn's outcome only from the exact turn (DESIGN.md flow 2).
+
+    The transition is the database function ``claimcheck_finish_turn``
+    (endpoints/migrations/0007_turn_functions.py), one statement:
 
     1. Lock ticket, lock row, turn (in that order).
     2. Exact means: ticket.turn, lock.holder and the turn are the same, the
@@ -109,169 +145,254 @@ def finish_turn(
        same ``outcome_sha256`` on its terminal event: an earlier attempt
        committed and lost its reply in a database blip) is a duplicate:
        nothing is written again and the caller gets the recorded state.
-       Anything else is recorded as evidence (a ticket event, and on the
-       recovery case when the turn is uncertain) and changes nothing; with
-       ``strict`` the caller gets ``StaleTurn``.
+       Anything else is recorded as evidence (a ``stale_outcome`` event, and
+       on the recovery case when the turn is uncertain) and changes nothing;
+       with ``strict`` the caller gets ``StaleTurn``.
     3. An interrupted turn, or stop evidence, ends as ``stopped``: the ticket
-       fails as timed out (or is cancelled, when a cancel asked for it).
-    4. Otherwise apply the outcome: success / failure / wait for children,
-       and a callback turn's resume of the ticket it reports to.
-    5. Append the context entry, release the lock, and after commit dispatch
-       the endpoint's oldest queued ticket.
+       fails as timed out (or is cancelled, when a cancel asked for it) --
+       unless the outcome is a *late outcome* the turn produced before the
+       interrupt was requested (below): that is the turn's result, step 4.
+    4. Otherwise apply the outcome: success / failure / wait for children;
+       the context entry; the ticket's transition and its event; for a
+       terminal ticket that answers a requester, its delivery
+       (``claimcheck_open_delivery``).
+    5. Release the lock (``claimcheck_release_lock``): the endpoint's next
+       marked ticket is unmarked and published after commit (with
+       ``hand_on`` handed back instead: ``Finished.next_ticket``), or the
+       dispatcher is woken; the worker's registry slot goes idle.
 
-    On PostgreSQL the common case (a root ticket's turn, still running, that
-    succeeded or failed) is one statement with all of step 2's guards
-    (``fastpath.finish``); when any guard does not hold it writes nothing
-    and the general path below decides. With ``hand_on`` the statement's
-    next ticket is not published but handed back (``Finished.next_ticket``):
-    the worker that asked starts it itself, or publishes it.
+    Around the function, in its transaction, the work of other services: a
+    wait's children are admitted first (undone if the outcome is refused; a
+    child that cannot be admitted fails the turn instead), and after it a
+    callback turn's resume of the ticket it reports to, the callback record
+    of a callback ticket, and the callback a child owes its parent. A root
+    ticket's turn that succeeded or failed needs none of them: one
+    statement, its own transaction in autocommit.
+
+    A late outcome (docs/design.md, "A late outcome"): the finish of the
+    exact turn that finds it ``interrupting`` is its result when the runner
+    ran to an outcome (success, failure, wait), the worker sent its run time
+    ``ran_s`` (its monotonic clock, from before it sent the start to when
+    the runner returned), ``started_at + ran_s < interrupt_requested_at``
+    (both the database's clock) and ``ran_s <= turn_budget_s +
+    interrupt_grace_s``. Otherwise the turn stops, and its ``turn_stopped``
+    event keeps ``ran_s`` and ``returned_by`` as evidence. The worker's first
+    reading precedes ``started_at``, so ``returned_by`` never precedes the
+    real return: clock skew between hosts does not enter, and the error
+    only ever refuses a result, never accepts one.
     """
     digest = outcome_digest(outcome)
     outcome = _externalize(outcome, turn_id)
-    # Which ticket and endpoint to lock (immutable columns): from the caller's
-    # copy of the turn when it has one, else one read.
-    if turn is None or turn.id != turn_id:
-        turn = Turn.objects.filter(id=turn_id).first()
+    # Which ticket and endpoint to lock (immutable columns), and whether the
+    # ticket reports to another (ditto): from the caller's copy of the turn
+    # and its ticket when it has them, else one read.
+    if turn is None or turn.id != turn_id or not Turn.ticket.is_cached(turn):
+        turn = Turn.objects.select_related("ticket").filter(id=turn_id).first()
     if turn is None:
         raise StaleTurn(f"turn {turn_id} does not exist", state=None)
-    if fastpath.enabled():
-        fast = _finish_fast(
-            turn=turn,
-            seq=seq,
-            outcome=outcome,
-            source=source,
-            digest=digest,
-            slot=slot,
-            hand_on=hand_on,
+    ticket = turn.ticket
+    kind, error = outcome.kind, outcome.error
+    if kind not in _KINDS:
+        kind, error = "failure", {"code": "bad_outcome", "detail": f"runner outcome {kind!r}"}
+    actor = f"turn:{seq}:{source}"
+    call = {
+        "turn": turn,
+        "seq": seq,
+        "kind": kind,
+        "outcome": outcome,
+        "error": error,
+        "source": source,
+        "digest": digest,
+        "ran_s": ran_s,
+        "slot": slot,
+    }
+    reports = ticket.callback_for_id is not None or ticket.return_to_id is not None
+    if kind == "wait":
+        written = _finish_wait(call, ticket=ticket, actor=actor)
+    elif outcome.resume is not None or reports:
+        with transaction.atomic():
+            written = _call(**call)
+            if written.status == "finished":
+                _after(ticket=ticket, turn=turn, written=written, outcome=outcome, actor=actor)
+    else:
+        written = _call(**call)
+    return _answer(
+        written,
+        turn=turn,
+        seq=seq,
+        kind=kind,
+        source=source,
+        strict=strict,
+        slot=slot,
+        hand_on=hand_on,
+        outcome=outcome,
+        ran_s=ran_s,
+    )
+
+
+def _finish_wait(call: dict[str, Any], *, ticket: Ticket, actor: str) -> _Written:
+    """A wait for children: the children are admitted in the finishing
+    transaction, before the function (which records their ids), so a refused
+    outcome leaves none behind; a child that cannot be admitted fails the turn."""
+    from tickets.admission import admit_ticket
+
+    turn, wait = call["turn"], call["outcome"].wait
+    try:
+        with transaction.atomic():
+            children: list[str] = []
+            try:
+                with transaction.atomic():
+                    for i, child in enumerate(wait.children):
+                        admitted = admit_ticket(
+                            endpoint=child.endpoint,
+                            input=child.input,
+                            dedupe_key=child.dedupe_key or f"{ticket.id}/child/{i}",
+                            parent_id=ticket.id,
+                            return_to=turn.endpoint.address,
+                            continuation=wait.continuation,
+                            actor=actor,
+                        )
+                        children.append(str(admitted.ticket.id))
+            except DomainError as exc:
+                error = {"code": exc.code, "detail": f"cannot dispatch children: {exc.detail}"}
+                written = _call(**{**call, "kind": "failure", "error": error})
+            else:
+                written = _call(**call, children=children)
+            if written.status == "finished":
+                _after(
+                    ticket=ticket, turn=turn, written=written, outcome=call["outcome"], actor=actor
+                )
+            elif children:
+                raise _Refused(written)
+    except _Refused:
+        # Nothing of it stays; the refusal itself is recorded as evidence.
+        written = _call(**call, children=[])
+    return written
+
+
+def _call(
+    *,
+    turn: Turn,
+    seq: int,
+    kind: str,
+    outcome: Outcome,
+    error: Any,
+    source: str,
+    digest: str,
+    ran_s: float | None,
+    slot: tuple[str, int] | None,
+    children: list[str] | None = None,
+) -> _Written:
+    node, pid = slot or ("", 0)
+    wait = outcome.wait
+    params = [
+        turn.ticket_id,
+        turn.endpoint_id,
+        turn.id,
+        seq,
+        kind,
+        _json(outcome.result),
+        json.dumps(outcome.artifacts or []),
+        _json(error),
+        _json(outcome.evidence) if kind == "stopped" else None,
+        json.dumps(children or []),
+        _json(wait.continuation if wait is not None else None),
+        json.dumps(_evidence_detail(outcome)),
+        digest,
+        source,
+        ran_s,
+        new_id(),
+        node,
+        pid,
+    ]
+    with connection.cursor() as cur:
+        cur.execute(_FINISH_SQL, params)
+        return _Written(*cur.fetchone())
+
+
+def _after(*, ticket: Ticket, turn: Turn, written: _Written, outcome: Outcome, actor: str) -> None:
+    """Other services' work in the finishing transaction (the caller's)."""
+    if outcome.resume is not None and written.turn_state == TurnState.COMPLETED:
+        _apply_resume(ticket=ticket, turn=turn, resume=outcome.resume, actor=actor)
+    if written.ticket_state == TicketState.WAITING:
+        return  # not done: its callback is recorded, and owed, when it is
+    if written.turn_state in (TurnState.COMPLETED, TurnState.FAILED):
+        _record_callback(ticket, actor)
+    if ticket.return_to_id is not None:
+        lifecycle.after_terminal(ticket_id=ticket.id)
+
+
+def _answer(
+    written: _Written,
+    *,
+    turn: Turn,
+    seq: int,
+    kind: str,
+    source: str,
+    strict: bool,
+    slot: tuple[str, int] | None,
+    hand_on: bool,
+    outcome: Outcome,
+    ran_s: float | None,
+) -> Finished:
+    if written.status == "missing":
+        raise StaleTurn(written.reason, state=None)
+    if written.status == "stale":
+        # The event is written; evidence on the turn's case, if it has one.
+        turn.state = written.turn_state
+        case_keeper().record_late_evidence(
+            turn=turn, kind=kind, seq=seq, source=source, detail=_evidence_detail(outcome)
         )
-        if fast is not None:
-            state, handed = fast
-            log.info("turn %s seq %s finished: ticket %s %s", turn.id, seq, turn.ticket_id, state)
-            return Finished(
-                accepted=True,
-                ticket_state=state,
-                slot_recorded=slot is not None,
-                next_ticket=handed,
-            )
-    stale_reason = ""
-    duplicate = False
-    with transaction.atomic():
-        ticket = Ticket.objects.select_for_update().get(id=turn.ticket_id)
-        lock = EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
-        turn = (
-            Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn_id)
-        )
-        exact = (
-            ticket.turn_id == turn.id
-            and lock.holder_id == turn.id
-            and lock.token == turn.seq == seq
-            and turn.state in TURN_ACTIVE_STATES
-        )
-        if exact:
-            state = _apply(ticket=ticket, turn=turn, outcome=outcome, source=source, digest=digest)
-            release_lock(endpoint_id=turn.endpoint_id, turn=turn)
-        elif _already_finished(turn=turn, seq=seq, digest=digest):
-            duplicate, state = True, ticket.state
-            redispatch_if_free(lock)
-        else:
-            stale_reason = (
-                f"turn {turn.id} is {turn.state}; seq {seq} vs current {lock.token}"
-                if turn.state not in TURN_ACTIVE_STATES or lock.token != seq
-                else f"turn {turn.id} is not the exact turn of ticket {ticket.id}"
-            )
-            record_stale(
-                turn=turn,
-                seq=seq,
-                kind=outcome.kind,
-                source=source,
-                detail=_evidence_detail(outcome),
-            )
-    if stale_reason:
-        log.warning("stale outcome for turn %s refused: %s", turn_id, stale_reason)
+        log.warning("stale outcome for turn %s refused: %s", turn.id, written.reason)
         if strict:
-            raise StaleTurn(stale_reason, state=turn.state)
-        return Finished(accepted=False, reason=stale_reason)
-    if duplicate:
+            raise StaleTurn(written.reason, state=written.turn_state)
+        return Finished(accepted=False, reason=written.reason)
+    if written.status == "duplicate":
+        lock = EndpointLock.objects.get(endpoint_id=turn.endpoint_id)
+        redispatch_if_free(lock)
         log.warning(
             "turn %s seq %s had already finished with this outcome (an earlier attempt "
             "committed): nothing recorded again; ticket %s is %s",
             turn.id,
             seq,
-            ticket.id,
-            state,
+            turn.ticket_id,
+            written.ticket_state,
         )
-        return Finished(accepted=True, ticket_state=state, duplicate=True)
-    log.info("turn %s seq %s finished: ticket %s %s", turn.id, turn.seq, ticket.id, state)
-    return Finished(accepted=True, ticket_state=state)
-
-
-def _finish_fast(
-    *,
-    turn: Turn,
-    seq: int,
-    outcome: Outcome,
-    source: str,
-    digest: str,
-    slot: tuple[str, int] | None,
-    hand_on: bool = False,
-) -> tuple[str, uuid.UUID | None] | None:
-    """The one-statement finish of a root ticket's turn that succeeded or
-    failed; the ticket's new state and the next ticket handed on (with
-    ``hand_on``; else it is published), or None when the statement's guards
-    did not all hold (nothing written: the general path decides)."""
-    if outcome.kind not in ("success", "failure") or outcome.resume is not None:
-        return None
-    success = outcome.kind == "success"
-    now = timezone.now()
-    done = fastpath.finish(
-        ticket_id=turn.ticket_id,
-        endpoint_id=turn.endpoint_id,
-        turn_id=turn.id,
-        seq=seq,
-        success=success,
-        result=outcome.result,
-        artifacts=outcome.artifacts,
-        error=outcome.error,
-        actor=f"turn:{seq}:{source}",
-        detail={"outcome_sha256": digest},
-        delivery_id=new_id(),
-        now=now,
-        slot=slot,
-    )
-    if done is None:
-        return None
-    next_ticket, delivery_id, due = done
-    to = TicketState.SUCCEEDED if success else TicketState.FAILED
-    # After commit (in autocommit the statement has committed): the metrics,
-    # the next ticket's message and a due webhook delivery.
+        return Finished(accepted=True, ticket_state=written.ticket_state, duplicate=True)
+    # Metrics, the next ticket's message and a due webhook delivery, at commit.
     observe.transition(
         ticket_id=turn.ticket_id,
         expected=TicketState.RUNNING,
-        to=to,
-        kind="turn_completed" if success else "turn_failed",
+        to=written.ticket_state,
+        kind=_EVENT_KIND.get(written.turn_state, "turn_failed"),
         turn_id=turn.id,
         fields={},
     )
-    if next_ticket is not None and not hand_on:
-        publish_next(next_ticket)
-    if due:
-        publish(DELIVER, str(delivery_id))
-    return to, (next_ticket if hand_on else None)
-
-
-def _already_finished(*, turn: Turn, seq: int, digest: str) -> bool:
-    """Did this turn already end with this outcome? Its terminal event (one
-    per turn, written in the finishing transaction) carries the digest; the
-    turn row is locked by the caller. Only read on the rare refused path."""
-    from tickets.models import TicketEvent
-
-    return (
-        turn.seq == seq
-        and turn.state not in TURN_ACTIVE_STATES
-        and TicketEvent.objects.filter(
-            ticket_id=turn.ticket_id, turn_id=turn.id, detail__outcome_sha256=digest
-        ).exists()
+    if written.next_ticket is not None and not hand_on:
+        publish_next(written.next_ticket)
+    if written.due:
+        publish(DELIVER, str(written.delivery))
+    if kind != "stopped" and written.turn_state == TurnState.STOPPED:
+        log.warning(
+            "turn %s seq %s: its outcome (%s, ran %s s) came after its interrupt: stopped",
+            turn.id, seq, kind, None if ran_s is None else round(ran_s, 3),
+        )  # fmt: skip
+    log.info(
+        "turn %s seq %s finished: ticket %s %s", turn.id, seq, turn.ticket_id, written.ticket_state
     )
+    return Finished(
+        accepted=True,
+        ticket_state=written.ticket_state,
+        slot_recorded=slot is not None,
+        next_ticket=written.next_ticket if hand_on else None,
+    )
+
+
+_EVENT_KIND = {
+    TurnState.COMPLETED: "turn_completed",
+    TurnState.FAILED: "turn_failed",
+    TurnState.STOPPED: "turn_stopped",
+}
 
 
 def _evidence_detail(outcome: Outcome) -> dict[str, Any]:
@@ -286,191 +407,6 @@ def _evidence_detail(outcome: Outcome) -> dict[str, Any]:
     if outcome.error is not None:
         detail["error"] = outcome.error
     return detail
-
-
-def _end_turn(turn: Turn, state: str, *, evidence: dict[str, Any] | None = None) -> None:
-    now = timezone.now()
-    fields: dict[str, Any] = {"state": state, "ended_at": now}
-    if evidence is not None:
-        fields["stop_evidence"] = {**evidence, "observed_at": now.isoformat(), "seq": turn.seq}
-    updated = Turn.objects.filter(id=turn.id, state__in=TURN_ACTIVE_STATES).update(**fields)
-    if updated != 1:
-        # The turn row is locked by the caller, who checked it is active: a miss is a bug.
-        raise RuntimeError(f"turn {turn.id} is no longer active; cannot end it as {state}")
-
-
-def _apply(*, ticket: Ticket, turn: Turn, outcome: Outcome, source: str, digest: str) -> str:
-    actor = f"turn:{turn.seq}:{source}"
-    # On the turn's terminal event: how a repeated finish knows its own work.
-    mark = {"outcome_sha256": digest}
-    if turn.state == TurnState.INTERRUPTING or outcome.kind == "stopped":
-        evidence = outcome.evidence or {
-            "kind": "runner_returned",
-            "detail": {"returned": outcome.kind, "after_interrupt": True},
-        }
-        _end_turn(turn, TurnState.STOPPED, evidence=evidence)
-        if ticket.cancel_requested_at is not None:
-            to, error = TicketState.CANCELLED, {"code": "cancelled", "detail": "cancelled"}
-        else:
-            reason = turn.interrupt_reason or "stopped"
-            code = {
-                "deadline": "timed_out",
-                "heartbeat": "heartbeat_lost",
-                "shutdown": "interrupted",
-            }.get(reason, reason)
-            to = TicketState.FAILED
-            signals = (evidence.get("detail") or {}).get("signals_sent") or []
-            how = f" by {', '.join(signals)}" if signals else ""
-            error = {
-                "code": code,
-                "detail": f"turn {turn.seq} was interrupted ({reason}) and stopped{how}",
-                "budget_s": turn.endpoint.turn_budget_s,
-            }
-            if signals:
-                error["signals"] = signals
-        lifecycle.transition(
-            ticket_id=ticket.id,
-            expected=TicketState.RUNNING,
-            to=to,
-            kind="turn_stopped",
-            actor=actor,
-            turn_id=turn.id,
-            detail={"evidence": evidence, **mark},
-            error=error,
-        )
-        return to
-
-    if outcome.kind == "wait":
-        return _apply_wait(ticket=ticket, turn=turn, outcome=outcome, actor=actor, mark=mark)
-
-    if outcome.kind == "success":
-        return _conclude(
-            ticket=ticket,
-            turn=turn,
-            actor=actor,
-            turn_state=TurnState.COMPLETED,
-            to=TicketState.SUCCEEDED,
-            kind="turn_completed",
-            detail=mark,
-            context=outcome.result,
-            artifacts=outcome.artifacts,
-            resume=outcome.resume,
-            result=outcome.result,
-        )
-
-    # failure (or anything unexpected, which is a failure too)
-    error = (
-        outcome.error
-        if outcome.kind == "failure"
-        else {"code": "bad_outcome", "detail": f"runner outcome {outcome.kind!r}"}
-    )
-    return _fail_turn(ticket=ticket, turn=turn, actor=actor, error=error, mark=mark)
-
-
-def _fail_turn(*, ticket: Ticket, turn: Turn, actor: str, error: Any, mark: dict[str, str]) -> str:
-    return _conclude(
-        ticket=ticket,
-        turn=turn,
-        actor=actor,
-        turn_state=TurnState.FAILED,
-        to=TicketState.FAILED,
-        kind="turn_failed",
-        detail=mark,
-        context={"error": error},
-        error=error,
-    )
-
-
-def _conclude(
-    *,
-    ticket: Ticket,
-    turn: Turn,
-    actor: str,
-    turn_state: str,
-    to: str,
-    kind: str,
-    detail: dict[str, Any],
-    context: Any,
-    artifacts: list | None = None,
-    resume: runners.Resume | None = None,
-    record_callback: bool = True,
-    **ticket_fields: Any,
-) -> str:
-    """The end of a turn that ran to an outcome (success, failure, wait), in
-    one order: the turn ends, its context entry is appended, a callback's
-    resume is applied, the ticket moves ``running -> to`` with its terminal
-    event, and a callback ticket's source shows ``recorded``."""
-    _end_turn(turn, turn_state)
-    _context_entry(ticket, turn, context, artifacts or [])
-    if resume is not None:
-        _apply_resume(ticket=ticket, turn=turn, resume=resume, actor=actor)
-    fields = {"artifacts": artifacts} if artifacts is not None else {}
-    lifecycle.transition(
-        ticket_id=ticket.id,
-        expected=TicketState.RUNNING,
-        to=to,
-        kind=kind,
-        actor=actor,
-        turn_id=turn.id,
-        detail=detail,
-        **fields,
-        **ticket_fields,
-    )
-    if record_callback:
-        _record_callback(ticket, actor)
-    return to
-
-
-def _context_entry(ticket: Ticket, turn: Turn, result: Any, artifacts: list) -> None:
-    ContextEntry.objects.create(
-        endpoint_id=turn.endpoint_id,
-        turn=turn,
-        ticket=ticket,
-        seq=turn.seq,
-        input=ticket.input,
-        result=result,
-        artifacts=artifacts,
-    )
-
-
-def _apply_wait(
-    *, ticket: Ticket, turn: Turn, outcome: Outcome, actor: str, mark: dict[str, str]
-) -> str:
-    """Admit the children (in this transaction: no orphan children if the
-    outcome is refused) and move the ticket to ``waiting``; the lock is
-    released by the caller. A child that cannot be admitted fails the ticket."""
-    from tickets.admission import admit_ticket
-
-    wait = outcome.wait
-    children: list[str] = []
-    try:
-        with transaction.atomic():
-            for i, child in enumerate(wait.children):
-                admitted = admit_ticket(
-                    endpoint=child.endpoint,
-                    input=child.input,
-                    dedupe_key=child.dedupe_key or f"{ticket.id}/child/{i}",
-                    parent_id=ticket.id,
-                    return_to=turn.endpoint.address,
-                    continuation=wait.continuation,
-                    actor=actor,
-                )
-                children.append(str(admitted.ticket.id))
-    except DomainError as exc:
-        error = {"code": exc.code, "detail": f"cannot dispatch children: {exc.detail}"}
-        return _fail_turn(ticket=ticket, turn=turn, actor=actor, error=error, mark=mark)
-    return _conclude(
-        ticket=ticket,
-        turn=turn,
-        actor=actor,
-        turn_state=TurnState.COMPLETED,
-        to=TicketState.WAITING,
-        kind="waiting_for_children",
-        detail={"children": children, "continuation": wait.continuation, **mark},
-        context={"waiting_for": children},
-        # A waiting ticket is not done: its callback is recorded when it is.
-        record_callback=False,
-    )
 
 
 def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: str) -> None:

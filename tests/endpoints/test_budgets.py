@@ -389,3 +389,105 @@ def test_the_watch_leaves_a_turn_whose_runner_returned_and_asks_for_its_exact_se
         turn_id=turn.id, seq=turn.seq + 1, reason="deadline", actor="t"
     )
     assert runtime.request_interrupt(turn_id=turn.id, seq=turn.seq, reason="deadline", actor="t")
+
+
+# --- A late outcome: the result the exact turn produced is never discarded ---------------------
+
+
+def _interrupted_turn(make_endpoint, **kw):
+    turn = _running_turn(make_endpoint, **kw)
+    assert runtime.request_interrupt(turn_id=turn.id, reason="deadline", actor="sweeper")
+    return Turn.objects.select_related("endpoint").get(id=turn.id)
+
+
+def test_a_success_that_returned_before_its_interrupt_is_the_turns_result(make_endpoint):
+    """The finish lands after the sweep asked for an interrupt (the database
+    was away), but the runner had returned before: the ticket succeeds with
+    its result, and the terminal event keeps the timing."""
+    turn = _interrupted_turn(make_endpoint, turn_budget_s=5, interrupt_grace_s=5)
+    before_interrupt = (turn.interrupt_requested_at - turn.started_at).total_seconds() - 0.001
+    done = runtime.finish_turn(
+        turn_id=turn.id,
+        seq=turn.seq,
+        outcome=runtime.Outcome.success({"answer": 42}),
+        source="worker",
+        ran_s=before_interrupt,
+    )
+    assert done.accepted and done.ticket_state == "succeeded"
+    ticket = Ticket.objects.get(id=turn.ticket_id)
+    assert ticket.state == "succeeded" and ticket.result == {"answer": 42}
+    assert Turn.objects.get(id=turn.id).state == "completed"
+    event = TicketEvent.objects.get(ticket_id=ticket.id, kind="turn_completed")
+    assert event.detail["late"]["ran_s"] == round(before_interrupt, 3)
+    assert event.detail["late"]["reason"] == "deadline"
+    assert EndpointLock.objects.get(endpoint_id=turn.endpoint_id).holder_id is None
+
+
+def test_a_success_that_returned_after_its_interrupt_is_stopped_with_its_timing(make_endpoint):
+    turn = _interrupted_turn(make_endpoint, turn_budget_s=5, interrupt_grace_s=5)
+    after_interrupt = (turn.interrupt_requested_at - turn.started_at).total_seconds() + 0.5
+    done = runtime.finish_turn(
+        turn_id=turn.id,
+        seq=turn.seq,
+        outcome=runtime.Outcome.success({"answer": 42}),
+        source="worker",
+        ran_s=after_interrupt,
+    )
+    assert done.accepted and done.ticket_state == "failed"
+    ticket = Ticket.objects.get(id=turn.ticket_id)
+    assert ticket.error["code"] == "timed_out" and ticket.result is None
+    event = TicketEvent.objects.get(ticket_id=ticket.id, kind="turn_stopped")
+    assert event.detail["outcome"] == "success"
+    assert event.detail["ran_s"] == round(after_interrupt, 3)
+    returned_by = timezone.datetime.fromisoformat(event.detail["returned_by"])
+    assert returned_by > turn.interrupt_requested_at
+
+
+def test_a_late_outcome_without_a_run_time_is_stopped(make_endpoint):
+    """An agent's answer through the API carries no run time: it returned
+    when it arrived, after the interrupt."""
+    turn = _interrupted_turn(make_endpoint, turn_budget_s=5, interrupt_grace_s=5)
+    done = runtime.finish_turn(
+        turn_id=turn.id, seq=turn.seq, outcome=runtime.Outcome.success({}), source="api"
+    )
+    assert done.ticket_state == "failed"
+    assert Ticket.objects.get(id=turn.ticket_id).error["code"] == "timed_out"
+
+
+def test_a_late_outcome_past_budget_and_grace_is_stopped(make_endpoint):
+    """It returned before a late interrupt (the sweep was away), but past the
+    turn's budget + grace: the turn is stopped as any overrun."""
+    turn = _running_turn(make_endpoint, turn_budget_s=0.01, interrupt_grace_s=0.01)
+    # The interrupt comes 0.1 s after the start or later, past budget + grace (0.02 s).
+    wait_for(
+        lambda: timezone.now() > turn.started_at + timedelta(seconds=0.1),
+        timeout=5,
+        message="0.1 s to pass",
+    )
+    assert runtime.request_interrupt(turn_id=turn.id, reason="deadline", actor="sweeper")
+    done = runtime.finish_turn(
+        turn_id=turn.id,
+        seq=turn.seq,
+        outcome=runtime.Outcome.success({}),
+        source="worker",
+        ran_s=0.05,
+    )
+    assert done.ticket_state == "failed"
+    assert Ticket.objects.get(id=turn.ticket_id).error["code"] == "timed_out"
+
+
+@pytest.mark.parametrize("kind", ["failure", "stopped"])
+def test_a_late_failure_is_a_result_and_a_late_stop_is_a_stop(make_endpoint, kind):
+    turn = _interrupted_turn(make_endpoint, turn_budget_s=5, interrupt_grace_s=5)
+    outcome = (
+        runtime.Outcome.failure({"code": "boom", "detail": "it failed"})
+        if kind == "failure"
+        else runtime.Outcome.stopped("runner_returned")
+    )
+    done = runtime.finish_turn(
+        turn_id=turn.id, seq=turn.seq, outcome=outcome, source="worker", ran_s=0.0
+    )
+    ticket = Ticket.objects.get(id=turn.ticket_id)
+    assert done.ticket_state == ticket.state == "failed"
+    assert ticket.error["code"] == ("boom" if kind == "failure" else "timed_out")
+    assert Turn.objects.get(id=turn.id).state == ("failed" if kind == "failure" else "stopped")

@@ -35,3 +35,22 @@ def counted(ctx: TurnContext) -> dict[str, Any]:
         return {"worked_s": seconds, "interrupted": False}
     interrupted = ctx.wait_interrupted(seconds)
     return {"worked_s": seconds, "interrupted": interrupted}
+
+
+def returned_file(counter_file: str | None = None) -> str:
+    """Where ``timed`` writes when each run returned (beside the counter file)."""
+    return (counter_file or os.environ["FAULTS_COUNTER_FILE"]) + ".returned"
+
+
+def timed(ctx: TurnContext) -> dict[str, Any]:
+    """``counted``, then one line with the wall-clock instant it returns:
+    the fault test compares it with the interrupt the ledger recorded (one
+    host, one clock)."""
+    result = counted(ctx)
+    line = json.dumps({"ticket": str(ctx.ticket_id), "returned_at": time.time()})
+    fd = os.open(returned_file(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+    return result

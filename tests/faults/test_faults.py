@@ -9,6 +9,9 @@ more kills, every sweep process separately).
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
 import threading
 import time
@@ -581,4 +584,120 @@ def test_sweeps_down_past_a_budget_then_the_workers_stop_the_overrun(stack, reco
             seconds_to_restart=round(back - restart, 1),
         )
     )
+    assert_audit_clean(stack)
+
+
+# --- PostgreSQL crashes while turns finish past their budget ----------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_postgres_crash_while_turns_finish_past_budget_keeps_their_results(stack, record_figures):
+    """Turns of 1.5 s on a 2 s budget; PostgreSQL crashes (``-m immediate``)
+    while they run. Their runners return during the outage and the workers
+    retry their finishes; once each has failed a first time, the workers are
+    held (SIGSTOP) until the budget sweep, back with the database, has asked
+    each turn to stop, so every finish lands after its interrupt (the order
+    a 30 s outage produced by chance in an outside run). Every result that returned before its
+    interrupt is recorded ``succeeded``, with its result; nothing runs twice;
+    the audit (``discarded_result`` included) is clean."""
+    from .runners import returned_file
+
+    endpoints = [f"late.ep-{i}" for i in range(4)]
+    for address in endpoints:
+        stack.create_endpoint(
+            address,
+            runner=stack.runner(path="tests.faults.runners.timed"),
+            turn_budget_s=2,
+            interrupt_grace_s=30,
+            heartbeat_timeout_s=60,
+        )
+    ids = []
+    for address in endpoints:
+        body = {"endpoint": address, "input": {"seconds": 1.5}}
+        resp = stack.http.post("/api/v1/tickets", json=body)
+        assert resp.status_code == 201, resp.text
+        ids.append(resp.json()["id"])
+
+    def turn_ids() -> list[str]:
+        rows = stack.sql(
+            "SELECT id::text FROM endpoints_turn WHERE ticket_id = ANY(%s::uuid[])", [ids]
+        )
+        return [r[0] for r in rows]
+
+    # Each runner has begun (it counts itself first): it needs the database no more.
+    wait_until(
+        lambda: all(stack.executions()[i] for i in ids), timeout=60, what="every runner to run"
+    )
+    turns = turn_ids()
+    assert len(turns) == len(ids)
+    # The cluster runs with synchronous_commit off: a crash may lose the last
+    # commits (the turns' starts). A checkpoint makes them durable first.
+    stack.pg.execute("CHECKPOINT", db=stack.db)
+    crashed = time.monotonic()
+    stack.pg.stop("immediate")
+    path = returned_file(str(stack.counter_file))
+
+    def returned() -> dict[str, float]:
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        return {r["ticket"]: r["returned_at"] for r in lines if r["ticket"] in ids}
+
+    workers = [name for name, _ in stack.turns]
+
+    def retrying() -> bool:
+        """Each worker holds its outcome: its first finish attempt failed."""
+        logs = b"".join(stack.log(name) for name in workers)
+        return all(f"finish of turn {t} seq".encode() in logs for t in turns)
+
+    try:
+        wait_until(retrying, timeout=30, what="every finish to fail and be retried")
+        # Hold the workers, their finish retries with them, until each turn's interrupt is in.
+        for name in workers:
+            os.killpg(stack.procs[name].pid, signal.SIGSTOP)
+        stack.pg.start()
+        down_s = time.monotonic() - crashed
+
+        def interrupted() -> int:
+            return stack.sql(
+                "SELECT count(*) FROM endpoints_turn WHERE ticket_id = ANY(%s::uuid[])"
+                " AND interrupt_requested_at IS NOT NULL",
+                [ids],
+            )[0][0]
+
+        wait_until(lambda: interrupted() == len(ids), timeout=90, what="the sweep's interrupts")
+    finally:
+        for name in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(stack.procs[name].pid, signal.SIGCONT)
+    states = stack.wait_terminal(set(ids), timeout=60)
+    rows = stack.sql(
+        "SELECT t.id::text, t.state, t.error->>'code',"
+        " extract(epoch FROM tu.interrupt_requested_at), t.result IS NOT NULL"
+        " FROM tickets_ticket t JOIN endpoints_turn tu ON tu.id = t.turn_id"
+        " WHERE t.id = ANY(%s::uuid[])",
+        [ids],
+    )
+    back = returned()
+    before = {r[0]: r for r in rows if back[r[0]] < float(r[3])}
+    report = stack.audit()
+    record_figures(
+        figures(
+            "postgres_crash_while_finishing",
+            stack,
+            None,
+            acknowledged=set(ids),
+            audit=report,
+            seconds_down=round(down_s, 1),
+            returned_before_interrupt=len(before),
+            outcomes=dict(Counter(f"{r[1]}:{r[2] or ''}" for r in rows)),
+        )
+    )
+    assert not (problem := unfinished(set(ids), states)), problem
+    # The construction guarantees it: each runner returned while the database was down.
+    assert len(before) == len(ids), rows
+    discarded = {i: (r[1], r[2]) for i, r in before.items() if r[1] != "succeeded" or not r[4]}
+    assert not discarded, f"results returned before their interrupt, discarded: {discarded}"
+    assert stack.replays() == {}
     assert_audit_clean(stack)

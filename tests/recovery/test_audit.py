@@ -478,3 +478,34 @@ def test_the_ledger_after_real_flows_passes(worker, make_endpoint, api, owner):
     )
     status, out = run_audit()
     assert status == 0, out
+
+
+@pytest.mark.django_db
+def test_a_result_discarded_as_timed_out_is_named(make_endpoint):
+    """A success that returned after its interrupt is stopped (the ticket
+    fails ``timed_out``, the event keeps the timing): clean. Moved so that it
+    returned before the interrupt, the same ledger shows a result thrown away."""
+    make_endpoint("audit.late", turn_budget_s=5, interrupt_grace_s=5)
+    ticket = admit("audit.late")
+    started = runtime.start_turn(ticket_id=ticket.id)
+    assert runtime.request_interrupt(turn_id=started.turn.id, reason="deadline", actor="sweeper")
+    turn = Turn.objects.get(id=started.turn.id)
+    ran_s = (turn.interrupt_requested_at - turn.started_at).total_seconds() + 1
+    done = runtime.finish_turn(
+        turn_id=turn.id,
+        seq=turn.seq,
+        outcome=Outcome.success({"late": True}),
+        source="worker",
+        ran_s=ran_s,
+    )
+    assert done.ticket_state == "failed"
+    assert Ticket.objects.get(id=ticket.id).error["code"] == "timed_out"
+    assert run_audit()[0] == 0
+    corrupt(
+        "UPDATE endpoints_turn SET interrupt_requested_at = interrupt_requested_at"
+        " + interval '2 seconds' WHERE id = %s",
+        [turn.id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "discarded_result", ticket.id, turn.id), out

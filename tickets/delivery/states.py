@@ -8,13 +8,14 @@ import logging
 import uuid
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from config import outbound
 from config.dispatch import DELIVER, publish
 from config.errors import Forbidden, InvalidTransition, NotFound
 
+from ..ids import new_id
 from ..lifecycle import set_recorded_fields, update_fields
 from ..models import Delivery, DeliveryState, ObligationState, Ticket
 from ..ports import endpoint_directory
@@ -38,33 +39,26 @@ def on_root_terminal(*, ticket: Ticket) -> tuple[Delivery, dict[str, str] | None
     ticket, so a second call returns the existing row and nothing to record.
     The obligation stays open: delivery closes it.
     """
-    existing = Delivery.objects.filter(ticket_id=ticket.id).first()
-    if existing is not None:
-        return existing, None
-    now = timezone.now()
-    url = (ticket.requester or {}).get("webhook_url") or ""
-    mode = Delivery.Mode.WEBHOOK if url else Delivery.Mode.PULL
-    gated = ticket.endpoint.requires_approval and ticket.approved_at is None
-    state = DeliveryState.AWAITING_APPROVAL if gated else DeliveryState.PENDING
-    due = mode == Delivery.Mode.WEBHOOK and state == DeliveryState.PENDING
-    # next_attempt_at = now even though we publish at once: if the publish is
-    # lost (broker down), the delivery sweep still finds it due.
-    # A plain INSERT: the caller holds the ticket's row lock (the terminal
-    # transition), so nobody can create it between the check above and here;
-    # the one-to-one constraint would refuse a second row anyway.
-    delivery = Delivery.objects.create(
-        ticket_id=ticket.id,
-        mode=mode,
-        url=url,
-        next_attempt_at=now if due else None,
-        created_at=now,
-    )
+    # claimcheck_open_delivery (tickets/migrations/0015_open_delivery_function.py)
+    # writes the row, the one place it is written: the turn's finish calls it
+    # too. A plain INSERT: the caller holds the ticket's row lock (the
+    # terminal transition), and the one-to-one constraint would refuse a
+    # second row anyway.
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT o_id, o_mode, o_state, o_due FROM claimcheck_open_delivery(%s, %s, %s)",
+            [ticket.id, new_id(), timezone.now()],
+        )
+        row = cur.fetchone()
+    if row is None:
+        return Delivery.objects.get(ticket_id=ticket.id), None
+    delivery_id, mode, state, due = row
     set_recorded_fields(ticket_id=ticket.id, delivery_state=state)
     if due:
-        publish(DELIVER, str(delivery.id))
+        publish(DELIVER, str(delivery_id))
     # No id: the ticket has this one delivery (one-to-one, pruned with it),
     # and the delivery's own events name it.
-    return delivery, {"mode": mode, "state": state}
+    return Delivery.objects.get(id=delivery_id), {"mode": mode, "state": state}
 
 
 def locked_ticket(ticket_id: uuid.UUID) -> Ticket:
