@@ -237,7 +237,9 @@ def _require_submit(submitter: AbstractBaseUser | None, row: tuple) -> None:
     them (id, address, submit_restricted, owners): one query for the check."""
     directory = endpoint_directory()
     endpoint_model = Ticket.endpoint.field.related_model
-    names = ["id", "address", "submit_restricted", "owners_id"]
+    # In the model's field order: from_db reads partial values in that order.
+    wanted = {"id", "address", "submit_restricted", "owners_id"}
+    names = [f.attname for f in endpoint_model._meta.concrete_fields if f.attname in wanted]
     data = row[12]
     if isinstance(data, str | bytes):  # Django's jsonb loader leaves it text
         data = json.loads(data)
@@ -421,7 +423,7 @@ def _duplicate(
     the inputs match, else 409. To a submitter who may not see it, it does
     not exist: the key is taken, and that is all the conflict says (the
     key's namespace is the endpoint's, shared by everyone who submits).
-    ``visible``: ``may_see`` already decided by the caller (the fast path's
+    ``visible``: ``may_see`` already decided by the caller (the function's
     statement answers it), else asked here."""
     if visible is None:
         visible = submitter is None or may_see(submitter, ticket)

@@ -150,8 +150,13 @@ def test_a_restricted_endpoint_admits_its_listed_users_groups_owners_and_staff(
         "users": ["alice"],
         "groups": ["team"],
     }
-    for client in (clients["alice"], carol_api, clients["olive"], api):
-        assert client.post("/tickets", {"endpoint": "gated", "input": {}}).status_code == 201
+    for who, client in zip(
+        ("alice", "carol", "olive", "staff"),
+        (clients["alice"], carol_api, clients["olive"], api),
+        strict=True,
+    ):
+        resp = client.post("/tickets", {"endpoint": "gated", "input": {}})
+        assert resp.status_code == 201, (who, resp.content)
     refused = clients["bob"].post("/tickets", {"endpoint": "gated", "input": {}})
     assert refused.status_code == 403 and refused.json()["error"] == "forbidden"
     assert Ticket.objects.filter(endpoint__address="gated").count() == 4
