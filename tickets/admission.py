@@ -214,6 +214,10 @@ def _admit(
         _require_submit(submitter, row)
         params[13] = True
         row = _call(params)
+    if row[0] == "retry":
+        # What refused the ticket changed while the function looked (a
+        # busy endpoint went idle): once more, with the state as it is now.
+        row = _call(params)
     status = row[0]
     if status in ("admitted", "admitted_flagged"):
         return _admitted(row, ticket_id=ticket_id, params=params, input_json=input_json)
