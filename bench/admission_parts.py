@@ -1,5 +1,5 @@
 """What the admission statement costs, part by part: the fast path's own
-statement (``tickets.admission._FAST_SQL``) taken apart, each variant run
+statement (bench/floor_sql.py, once ``tickets.admission._FAST_SQL``) taken apart, each variant run
 against the one-row insert floor in the same run, on the same database.
 
     .venv/bin/python bench/admission_parts.py [-n 2000] [--reps 3] [--block 50]

@@ -144,9 +144,8 @@ def test_recommended_topology_behind_pgbouncer_in_transaction_mode(
     direct = _test_env()["DATABASE_URL"]
     common = {
         "DATABASE_LISTEN_URL": direct,
-        # PgBouncer 1.18 keeps no protocol-level prepared statements.
-        "ADMISSION_PREPARED": "0",
-        "TURN_PREPARED": "0",
+        # Nothing about prepared statements to set: admission and a turn's
+        # start and finish are database functions, sent as plain statements.
         "DB_CONN_MAX_AGE": "60",
         "CONSOLE_LIVE_WAIT_S": str(WAIT_S),
     }
