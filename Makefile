@@ -32,7 +32,7 @@ help: ## list the targets
 	@# (this machine's shells do), every process the tests and `make run`
 	@# start would otherwise compile Django and Celery from source again
 	@# (5.0 s against 1.7 s a start here; 11.5 min against 5 for the suite).
-	uv sync --frozen --python python3 --compile-bytecode
+	uv sync --frozen --python python3 --compile-bytecode --all-extras
 	@touch $@
 
 install: .venv/.installed ## the virtual environment at .venv/ from the lock file
@@ -84,7 +84,7 @@ fmt: install ## ruff fix and format
 	.venv/bin/ruff format .
 
 bench-install: install ## the benchmarks' optional dependency group (DBOS, Procrastinate) and wrk
-	uv sync --frozen --python python3 --compile-bytecode --group bench
+	uv sync --frozen --python python3 --compile-bytecode --all-extras --group bench
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
 
 bench: bench-install services ## admission and turn benchmarks, each with its ratio to a floor measured in the same run

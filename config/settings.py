@@ -384,6 +384,20 @@ RUNNER_COMMAND_ALLOWED = env.list("RUNNER_COMMAND_ALLOWED", default=[])
 RUNNER_SECRETS_FILE = env.str("RUNNER_SECRETS_FILE", default="")
 RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
 
+# Agent runners (endpoints/agents/): how much of the endpoint's history a turn
+# loads as the agent's conversation. The newest whole exchanges are kept
+# while they fit both caps (an exchange is never cut in half: a tool call
+# without its result is not a conversation a model accepts); the exchange a
+# turn resumes is always kept. A runner may lower the caps
+# (history_max_messages, history_max_bytes), never raise them.
+AGENT_HISTORY_MAX_ENTRIES = env.int("AGENT_HISTORY_MAX_ENTRIES", default=500)
+AGENT_HISTORY_MAX_MESSAGES = env.int("AGENT_HISTORY_MAX_MESSAGES", default=400)
+AGENT_HISTORY_MAX_BYTES = env.int("AGENT_HISTORY_MAX_BYTES", default=2_000_000)
+# Agent frameworks a worker imports and warms before it forks its pool
+# (pydantic_ai, openai_agents): otherwise the first agent turn of each pool
+# process pays for it (seconds) inside its budget.
+AGENT_PRELOAD = env.list("AGENT_PRELOAD", default=[])
+
 # --- Celery -------------------------------------------------------------------
 # The longest turn budget (and grace, heartbeat timeout) an endpoint may have:
 # 7 days. One source for the cap (endpoints.services) and the broker's

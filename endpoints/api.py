@@ -16,8 +16,22 @@ from tickets.selectors import iso, visible_tickets
 
 from . import runners, runtime, services
 from .models import Endpoint, Turn
-from .schemas import EndpointOut, HeartbeatOut, TurnOut, WorkersOut
-from .selectors import endpoint_payload, resolve_endpoint, turn_for_token, workers_overview
+from .schemas import (
+    ApprovalDecidedOut,
+    ConversationOut,
+    EndpointOut,
+    HeartbeatOut,
+    PendingApprovalOut,
+    TurnOut,
+    WorkersOut,
+)
+from .selectors import (
+    endpoint_payload,
+    is_owner,
+    resolve_endpoint,
+    turn_for_token,
+    workers_overview,
+)
 
 router = Router(tags=["endpoints"])
 turns_router = Router(tags=["turns"])
@@ -93,6 +107,54 @@ def patch_endpoint(request: HttpRequest, address: str, payload: EndpointPatch):
         address=address, changes=changes, actor=f"user:{request.user.username}"
     )
     return endpoint_payload(endpoint, user=request.user)
+
+
+# --- Agents: the conversation and approvals (owners and staff) -----------------
+
+
+def _owned_endpoint(request: HttpRequest, address: str) -> Endpoint:
+    endpoint = resolve_endpoint(address)
+    if not is_owner(request.user, endpoint):
+        raise Forbidden("only the endpoint's owners may read its agent's conversation and calls")
+    return endpoint
+
+
+@router.get("/{address}/conversation", response=ConversationOut)
+def read_conversation(request: HttpRequest, address: str, limit: int = 50):
+    """The agent's memory: its newest turns' messages, oldest first."""
+    from .agents.selectors import conversation
+
+    endpoint = _owned_endpoint(request, address)
+    return {"endpoint": endpoint.address, "turns": conversation(endpoint, limit=limit)}
+
+
+@router.get("/{address}/approvals", response=list[PendingApprovalOut])
+def list_approvals(request: HttpRequest, address: str):
+    """Tool calls of the agent waiting for an owner's approval."""
+    from .agents.selectors import pending_approvals
+
+    return pending_approvals(_owned_endpoint(request, address))
+
+
+class DecisionIn(Strict):
+    approve: bool
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+@router.post("/{address}/approvals/{ticket_id}/{call_id}", response=ApprovalDecidedOut)
+def decide_approval(
+    request: HttpRequest, address: str, ticket_id: str, call_id: str, payload: DecisionIn
+):
+    from .agents.services import decide_tool_call
+
+    return decide_tool_call(
+        address=address,
+        ticket_id=ticket_id,
+        call_id=call_id,
+        approve=payload.approve,
+        reason=payload.reason,
+        user=request.user,
+    )
 
 
 # --- Turns ----------------------------------------------------------------------

@@ -94,3 +94,25 @@ def research(ctx: TurnContext) -> Wait | Resume:
         },
         own_result={"completed": parent},
     )
+
+
+def agent():
+    """``demo.agent``: a Pydantic AI agent on a deterministic offline model
+    (``FunctionModel``: no network, no key). Its input is ``{"prompt": ...}``:
+
+    - ``remember <text>``: answers ``noted: <text>``; ``recall``: lists every
+      ``remember`` of earlier tickets (each cut to 60 characters; the
+      endpoint's history is its memory);
+    - ``delegate <a>, <b>, ...``: one ``delegate`` call per item to
+      ``demo.echo`` in one model response; when the children's callbacks
+      resume it: ``children said: ...`` (a failed child is reported as failed;
+      ``delegate fail`` asks ``demo.fail``; ``delegate-slow <a>, ...`` asks
+      ``demo.sleep`` for 2 s each);
+    - ``send <to>``: calls ``send_report``, which requires an owner's approval
+      and declares a side effect (it gets an idempotency key);
+    - ``slow <seconds>``: awaits the ``slow`` tool (shows interrupts);
+    - anything else: ``echo: <prompt>``.
+    """
+    from .agents import demo_agent
+
+    return demo_agent.build()

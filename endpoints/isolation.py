@@ -4,8 +4,9 @@ isolation").
 The supervising worker forks one child per turn. The child only runs the
 callable and sends its outcome back through a pipe; everything that touches
 the database (start, heartbeat, ``children_of``, finish) stays in the
-supervisor, which answers the child's ``heartbeat()`` and ``children_of()``
-over the same pipe. The interrupt flag is a shared event the supervisor sets
+supervisor, which answers the child's ``heartbeat()``, ``children_of()``,
+``ticket_state()`` and ``record()`` (a turn event written now) over the same
+pipe. The interrupt flag is a shared event the supervisor sets
 when its heartbeat sees the turn asked to stop.
 
 The escalation, when the turn is interrupted: the cooperative flag, then
@@ -90,6 +91,8 @@ def _child_main(ctx: TurnContext, conn: Connection, interrupt: Any, run) -> None
             _interrupt=interrupt,
             _heartbeat=lambda: bool(channel.ask("heartbeat")),
             _children_of=lambda parent: channel.ask("children_of", parent),
+            _ticket_state=lambda ticket: channel.ask("ticket_state", ticket),
+            _record=lambda event: channel.ask("record", event),
         )
         outcome = run(child_ctx)
         try:
@@ -232,6 +235,23 @@ def _outcome_left_in(conn: Connection) -> Outcome | None:
     return None
 
 
+# What the child gets when the supervisor could not answer (a database
+# outage past the retries): nothing found, nothing recorded.
+_FAILED_ANSWER: dict[str, Any] = {"children_of": [], "ticket_state": None, "record": False}
+
+
+def _answer(ctx: TurnContext, verb: str, args: tuple) -> Any:
+    if verb == "heartbeat":
+        return ctx._heartbeat()
+    if verb == "children_of":
+        return ctx._children_of(args[0])
+    if verb == "ticket_state":
+        return ctx._ticket_state(args[0]) if ctx._ticket_state else None
+    if verb == "record":
+        return ctx._record(args[0]) if ctx._record else False
+    raise ValueError(f"unknown request {verb!r} from a turn's process")
+
+
 def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
     outcome: Outcome | None = None
     while True:
@@ -250,14 +270,10 @@ def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
                     outcome = message[1]
                 else:
                     try:
-                        reply = (
-                            ctx._heartbeat()
-                            if verb == "heartbeat"
-                            else ctx._children_of(message[1])
-                        )
+                        reply = _answer(ctx, verb, message[1:])
                     except Exception:  # the child must not hang on a failed answer
                         log.exception("turn %s: answering %s failed", ctx.turn_id, verb)
-                        reply = [] if verb == "children_of" else ctx._interrupt.is_set()
+                        reply = _FAILED_ANSWER.get(verb, ctx._interrupt.is_set())
                     with contextlib.suppress(OSError, BrokenPipeError):
                         turn.conn.send(reply)
         if turn.reap():

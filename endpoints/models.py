@@ -30,6 +30,7 @@ class RunnerKind(models.TextChoices):
     PYTHON = "python"
     COMMAND = "command"
     HTTP = "http"
+    AGENT = "agent"
 
 
 class Endpoint(models.Model):

@@ -12,6 +12,11 @@ secrets, never a value.
 - ``http``: ``url``, ``cancel_url``, ``timeout_s``, ``auth: {"secret": NAME}``
   (sent as ``Authorization: Bearer <value>``), ``headers: {name: text |
   {"secret": NAME}}``.
+- ``agent``: ``framework`` (``endpoints.agents.ADAPTERS``), ``path``,
+  ``delegate_to`` (addresses), ``history_max_messages``,
+  ``history_max_bytes``, ``secrets: {ENV_VAR: SECRET_NAME}`` (named secrets
+  put into the turn's process environment: a model provider's key),
+  ``side_effect_tools`` (tool names), ``kill_after_s``.
 
 A literal credential is refused where it can be recognised: a header whose
 name says it carries one (``Authorization``, ``Cookie``, ``X-Api-Key``,
@@ -33,7 +38,7 @@ from config.errors import Invalid
 from config.limits import URL_CHARS
 from config.secrets import check_name, secret
 
-KINDS = ("python", "command", "http")
+KINDS = ("python", "command", "http", "agent")
 ISOLATIONS = ("process", "inline")
 KILL_AFTER_MAX_S = 60.0
 TIMEOUT_MAX_S = 300.0
@@ -44,7 +49,21 @@ FIELDS: dict[str, frozenset[str]] = {
     "python": frozenset({"kind", "path", "isolation", "kill_after_s"}),
     "command": frozenset({"kind", "argv", "cwd", "kill_after_s", "env"}),
     "http": frozenset({"kind", "url", "cancel_url", "timeout_s", "auth", "headers"}),
+    "agent": frozenset(
+        {
+            "kind",
+            "framework",
+            "path",
+            "delegate_to",
+            "history_max_messages",
+            "history_max_bytes",
+            "secrets",
+            "side_effect_tools",
+            "kill_after_s",
+        }
+    ),
 }
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 
 # Names that say "this carries a credential": a header, a query parameter or
 # an argv option so named must not hold a literal value. Words that rarely
@@ -161,6 +180,41 @@ def _check_argv(argv: Any) -> None:
             )
 
 
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+
+
+def _check_agent(runner: dict[str, Any]) -> None:
+    from .agents import ADAPTERS
+
+    if runner.get("framework") not in ADAPTERS:
+        raise Invalid(f"an agent runner needs framework: one of {', '.join(ADAPTERS)}")
+    path = runner.get("path")
+    if not isinstance(path, str) or not re.fullmatch(r"[\w.]+\.[\w]+", path or ""):
+        raise Invalid("an agent runner needs path: a dotted path to an agent or a factory")
+    if "delegate_to" in runner and not _str_list(runner["delegate_to"]):
+        raise Invalid("delegate_to must be a list of endpoint addresses")
+    if "side_effect_tools" in runner and not _str_list(runner["side_effect_tools"]):
+        raise Invalid("side_effect_tools must be a list of tool names")
+    for name in ("history_max_messages", "history_max_bytes"):
+        value = runner.get(name)
+        if name in runner and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise Invalid(f"{name} must be a positive integer")
+    if "secrets" in runner:
+        named = runner["secrets"]
+        if not isinstance(named, dict):
+            raise Invalid("agent runner secrets must map environment variable names to secrets")
+        for env_name, secret_name in named.items():
+            if not isinstance(env_name, str) or not _ENV_NAME.match(env_name):
+                raise Invalid(
+                    f"agent runner secrets: {str(env_name)[:100]!r} is not a variable name"
+                )
+            try:
+                check_name(secret_name)
+            except Invalid as exc:
+                raise Invalid(f"agent runner secrets.{env_name}: {exc.detail}") from None
+
+
 def check(runner: Any) -> None:
     """Raise ``Invalid`` naming the first field at fault; return if none."""
     if not isinstance(runner, dict):
@@ -191,6 +245,8 @@ def check(runner: Any) -> None:
         if "cwd" in runner and not (isinstance(runner["cwd"], str) and runner["cwd"]):
             raise Invalid("a command runner's cwd must be a directory path")
         _check_command_env(runner.get("env"))
+    elif kind == "agent":
+        _check_agent(runner)
     else:
         _check_url("url", runner.get("url"), required=True)
         _check_url("cancel_url", runner.get("cancel_url"), required=False)

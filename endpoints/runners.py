@@ -1,6 +1,8 @@
 """Runners execute one turn: ``python`` (a callable), ``command`` (a
-subprocess in its own process group, JSON in and out) and ``http`` (an agent
-service that answers at once or later through the turn API).
+subprocess in its own process group, JSON in and out), ``http`` (an agent
+service that answers at once or later through the turn API) and ``agent``
+(a Pydantic AI or OpenAI Agents SDK agent through its adapter in
+``endpoints/agents/``, process-isolated like a python callable).
 
 A runner gets a ``TurnContext`` and returns an ``Outcome``. Stop evidence is
 runner-aware: only the runner that owns the work can say it ended (the python
@@ -132,6 +134,12 @@ class TurnContext:
     # (``history``): a turn that never looks costs no query for them.
     _history_rows: list[dict[str, Any]] | None = field(default=None, repr=False)
     _load_history: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
+    # A turn event written now, by the supervisor (tool receipts, usage): a
+    # worker that dies later leaves what was recorded before.
+    _record: Callable[[dict[str, Any]], bool] | None = field(default=None, repr=False)
+    # The state of one of this endpoint's tickets (a resumed agent checks the
+    # ticket it would complete is still waiting).
+    _ticket_state: Callable[[str], str | None] | None = field(default=None, repr=False)
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -151,8 +159,18 @@ class TurnContext:
         return self._interrupt.wait(timeout)
 
     def children_of(self, ticket_id: str) -> list[dict[str, Any]]:
-        """The children of one of this endpoint's tickets: id, state, result, error."""
+        """The children of one of this endpoint's tickets: id, dedupe_key,
+        input, state, result, error."""
         return self._children_of(ticket_id)
+
+    def record(self, event: dict[str, Any]) -> bool:
+        """Write a turn event now (``{"kind": ..., **detail}``): a tool
+        receipt or the usage. True when it was written."""
+        return bool(self._record(event)) if self._record else False
+
+    def ticket_state(self, ticket_id: str) -> str | None:
+        """The state of one of this endpoint's tickets (None: not one of them)."""
+        return self._ticket_state(ticket_id) if self._ticket_state else None
 
     def envelope(self) -> dict[str, Any]:
         return {
@@ -199,6 +217,14 @@ def not_allowed(runner: dict[str, Any]) -> str | None:
                 f"python runner path {path!r} is not allowed: RUNNER_PYTHON_ALLOWED_PREFIXES "
                 f"allows {', '.join(prefixes) or 'nothing'}"
             )
+    elif kind == "agent":
+        path = str(runner.get("path", ""))
+        prefixes = list(settings.RUNNER_PYTHON_ALLOWED_PREFIXES or [])
+        if not any(_inside(path, p) for p in prefixes):
+            return (
+                f"agent runner path {path!r} is not allowed: RUNNER_PYTHON_ALLOWED_PREFIXES "
+                f"allows {', '.join(prefixes) or 'nothing'}"
+            )
     elif kind == "command":
         argv = runner.get("argv") or [""]
         allowed = list(settings.RUNNER_COMMAND_ALLOWED or [])
@@ -236,6 +262,16 @@ def run(ctx: TurnContext) -> Outcome:
             )
         elif kind == "python":
             outcome = _run_python(ctx)
+        elif kind == "agent":
+            from .agents.runner import preload, run_agent
+            from .isolation import run_isolated
+
+            ctx.history  # noqa: B018 - read here: the forked child has no database
+            preload(ctx.runner)
+
+            outcome = run_isolated(
+                ctx, run_agent, kill_after_s=kill_after_s(ctx.runner, ctx.interrupt_grace_s)
+            )
         elif kind == "command":
             outcome = _run_command(ctx)
         elif kind == "http":
@@ -294,7 +330,8 @@ def isolation(runner: dict[str, Any]) -> str:
     """Where a python runner's turn runs: ``process`` (the default, a forked
     child the worker can stop with signals) or ``inline`` (in the worker's
     pool process: cheaper, but an ignored interrupt means quarantine and a
-    held slot). Other runner kinds are never inline."""
+    held slot). Other runner kinds are never inline (an ``agent`` always
+    runs in its own process)."""
     if runner.get("kind") != "python":
         return PROCESS
     return INLINE if runner.get("isolation") == INLINE else PROCESS
@@ -314,7 +351,9 @@ def stop_window_s(runner: dict[str, Any], heartbeat_timeout_s: float, grace_s: f
     evidence before it quarantines: the grace; for an isolated python turn
     also the escalation (the beat that carries the flag, SIGTERM,
     ``kill_after_s``, SIGKILL and the reap)."""
-    if runner.get("kind") == "python" and isolation(runner) == PROCESS:
+    if runner.get("kind") == "agent" or (
+        runner.get("kind") == "python" and isolation(runner) == PROCESS
+    ):
         interval = heartbeat_interval(heartbeat_timeout_s, grace_s)
         return grace_s + interval + kill_after_s(runner, grace_s) + 2.0 + 1.0
     return grace_s

@@ -89,3 +89,46 @@ class WorkersOut(Out):
     workers: list[WorkerOut]
     held_turns: list[str]
     starved_endpoints: list[str]
+
+
+class ConversationTurnOut(Out):
+    seq: int
+    ticket: str
+    exchange: str | None = None
+    status: str | None = None
+    framework: str | None = None
+    sha256: str | None = None
+    bytes: int | None = None
+    at: str
+    messages: list[Any]
+    error: str | None = None
+
+
+class ConversationOut(Out):
+    endpoint: str
+    turns: list[ConversationTurnOut]
+
+
+class ApprovalDecisionOut(Out):
+    approved: bool | None = None
+    reason: str | None = None
+    actor: str
+    at: str
+
+
+class PendingApprovalOut(Out):
+    ticket: str
+    call_id: str
+    tool: str | None = None
+    args: Any = None
+    args_sha256: str | None = None
+    turn: str | None = None
+    decision: ApprovalDecisionOut | None = None
+
+
+class ApprovalDecidedOut(Out):
+    ticket: str
+    call_id: str
+    approved: bool
+    approval_ticket: str
+    duplicate: bool

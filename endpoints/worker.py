@@ -91,6 +91,21 @@ def _pass_shutdown_to_turns(sig=None, how=None, exitcode=None, **kwargs) -> None
             os.kill(pid, signal.SIGTERM)
 
 
+@signals.worker_init.connect
+def _preload_agents(sender=None, **kwargs) -> None:
+    """In the main process, before it forks its pool: import and warm the
+    agent frameworks named in ``AGENT_PRELOAD``, so no pool process pays
+    for it inside an agent turn's budget (seconds on a loaded host)."""
+    from django.conf import settings
+
+    from .agents.runner import preload
+
+    for framework in settings.AGENT_PRELOAD:
+        began = time.monotonic()
+        preload({"framework": framework})
+        log.info("agent framework %s preloaded in %.2fs", framework, time.monotonic() - began)
+
+
 @signals.worker_ready.connect
 def _register(sender=None, **kwargs) -> None:
     """In the main process: register this worker and heartbeat it."""

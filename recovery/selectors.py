@@ -16,7 +16,7 @@ from config.canonical import canonical_json
 from config.errors import Invalid, NotFound
 from endpoints.models import ContextEntry, EndpointLock, Turn
 from endpoints.selectors import owned_endpoint_ids
-from tickets.models import Callback, Ticket
+from tickets.models import Callback, Ticket, TicketEvent
 from tickets.selectors import event_payload, iso, ticket_events, ticket_payload
 
 from .models import CaseEvidence, CaseState, Decision, Inspection, Lesson, RecoveryCase
@@ -302,8 +302,46 @@ def build_snapshot(case: RecoveryCase) -> dict[str, Any]:
         "callbacks": _callbacks_snapshot(ticket),
         "outputs": _outputs_snapshot(ticket, turn),
         "events": [event_payload(e) for e in ticket_events(ticket.id)],
+        "tool_calls": tool_calls(ticket.id, turn_id=turn.id),
         "evidence": _evidence_snapshot(case, turn),
     }
+
+
+def tool_calls(ticket_id: uuid.UUID, *, turn_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
+    """An agent turn's tool receipts paired by call: what already happened
+    (``slow`` started at 12:03:41Z, no end recorded) before anyone decides
+    what to do about an uncertain turn."""
+    rows = TicketEvent.objects.filter(ticket_id=ticket_id, kind__in=("tool_started", "tool_ended"))
+    if turn_id is not None:
+        rows = rows.filter(turn_id=turn_id)
+    calls: dict[str, dict[str, Any]] = {}
+    for e in rows.order_by("id"):
+        call_id = str(e.detail.get("call_id"))
+        call = calls.setdefault(
+            call_id,
+            {
+                "call_id": call_id,
+                "tool": e.detail.get("tool"),
+                "turn": str(e.turn_id) if e.turn_id else None,
+                "started_at": None,
+                "ended_at": None,
+                "status": None,
+                "duration_ms": None,
+                "args_sha256": None,
+                "side_effect": False,
+                "idempotency_key": None,
+            },
+        )
+        if e.kind == "tool_started":
+            call["started_at"] = iso(e.at)
+            call["args_sha256"] = e.detail.get("args_sha256")
+            call["side_effect"] = bool(e.detail.get("side_effect"))
+            call["idempotency_key"] = e.detail.get("idempotency_key")
+        else:
+            call["ended_at"] = iso(e.at)
+            call["status"] = e.detail.get("status")
+            call["duration_ms"] = e.detail.get("duration_ms")
+    return list(calls.values())
 
 
 def open_case_id(endpoint_id: int) -> uuid.UUID | None:

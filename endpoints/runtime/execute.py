@@ -28,12 +28,22 @@ from .budgets import BudgetWatch
 from .dispatch import publish_next
 from .finish import Finished, finish_turn
 from .heartbeats import Heartbeater
+from .receipts import record_turn_event
 from .start import Started, start_turn, started_by
 
 log = logging.getLogger(__name__)
 
 
 HISTORY_ENTRIES = 20
+
+
+def history_entries(runner: dict[str, Any]) -> int:
+    """How many recent context entries a turn's runner gets: ``HISTORY_ENTRIES``,
+    and for an agent ``AGENT_HISTORY_MAX_ENTRIES`` (its adapter then keeps
+    whole exchanges within its message and byte caps: endpoints/agents/memory.py)."""
+    if runner.get("kind") == "agent":
+        return settings.AGENT_HISTORY_MAX_ENTRIES
+    return HISTORY_ENTRIES
 
 
 def run_ticket(
@@ -107,7 +117,8 @@ def _run_one(
         # an error here would leave a started turn without an outcome, and
         # the budget sweep would quarantine a healthy endpoint.
         _load_history=lambda: _read_with_retry(
-            lambda: recent_history(endpoint.id), what=f"history for turn {turn.id}"
+            lambda: recent_history(endpoint.id, limit=history_entries(endpoint.runner)),
+            what=f"history for turn {turn.id}",
         ),
         deadline=turn.deadline_at,
         runner=endpoint.runner,
@@ -118,6 +129,10 @@ def _run_one(
             lambda: children_of(endpoint.id, parent), what=f"children for turn {turn.id}"
         ),
         token=started.token,
+        _record=lambda event: _record_with_retry(turn, event),
+        _ticket_state=lambda other: _read_with_retry(
+            lambda: ticket_state(endpoint.id, other), what=f"ticket state for turn {turn.id}"
+        ),
     )
     log.info(
         "turn %s seq %s started for ticket %s on %s", turn.id, turn.seq, ticket.id, endpoint.address
@@ -175,12 +190,44 @@ def current_turns() -> list[tuple[Turn, threading.Event]]:
         return list(_current.values())
 
 
-def recent_history(endpoint_id: int) -> list[dict[str, Any]]:
-    rows = ContextEntry.objects.filter(endpoint_id=endpoint_id).order_by("-seq")[:HISTORY_ENTRIES]
+def recent_history(endpoint_id: int, *, limit: int = HISTORY_ENTRIES) -> list[dict[str, Any]]:
+    rows = ContextEntry.objects.filter(endpoint_id=endpoint_id).order_by("-seq")[:limit]
     return [
-        {"seq": e.seq, "ticket": str(e.ticket_id), "input": e.input, "result": e.result}
+        {
+            "seq": e.seq,
+            "ticket": str(e.ticket_id),
+            "input": e.input,
+            "result": e.result,
+            "artifacts": e.artifacts or [],
+        }
         for e in reversed(rows)
     ]
+
+
+def ticket_state(endpoint_id: int, ticket_id: str) -> str | None:
+    """The state of one of this endpoint's own tickets (None for any other)."""
+    try:
+        ticket_uuid = uuid.UUID(str(ticket_id))
+    except ValueError:
+        return None
+    return (
+        Ticket.objects.filter(id=ticket_uuid, endpoint_id=endpoint_id)
+        .values_list("state", flat=True)
+        .first()
+    )
+
+
+def _record_with_retry(turn: Turn, event: dict[str, Any]) -> bool:
+    """A turn event (tool receipt, usage) written now, through a database
+    outage; one that still cannot be written is logged and the turn goes on
+    (the runner is told: False)."""
+    try:
+        return _read_with_retry(
+            lambda: record_turn_event(turn=turn, event=event), what=f"event of turn {turn.id}"
+        )
+    except Exception:
+        log.exception("turn %s: event %s not recorded", turn.id, event.get("kind"))
+        return False
 
 
 def children_of(endpoint_id: int, parent_id: str) -> list[dict[str, Any]]:
@@ -203,6 +250,10 @@ def children_of(endpoint_id: int, parent_id: str) -> list[dict[str, Any]]:
             answer = rerun
         entry = {
             "id": str(child.id),
+            "dedupe_key": child.dedupe_key,
+            "input": child.input,
+            # Admitted by the runtime (children, approvals), not by a user.
+            "runtime": child.submitted_by_id is None,
             "state": answer.state,
             "result": answer.result,
             "error": answer.error,

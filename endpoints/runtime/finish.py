@@ -27,6 +27,7 @@ from tickets.models import CallbackState, Ticket, TicketState
 
 from .. import runners
 from ..models import (
+    ContextEntry,
     EndpointLock,
     Turn,
     TurnState,
@@ -262,6 +263,14 @@ def _finish_wait(call: dict[str, Any], *, ticket: Ticket, actor: str) -> _Writte
                 _after(
                     ticket=ticket, turn=turn, written=written, outcome=call["outcome"], actor=actor
                 )
+                if call["outcome"].artifacts:
+                    # An agent's messages so far (endpoints/agents/memory.py):
+                    # the function writes a wait's context entry without
+                    # artifacts; this exact turn's entry gets them here, in
+                    # the same transaction.
+                    ContextEntry.objects.filter(turn_id=turn.id).update(
+                        artifacts=call["outcome"].artifacts
+                    )
             elif children:
                 raise _Refused(written)
     except _Refused:

@@ -1,0 +1,109 @@
+"""Reads of an agent endpoint for its owners: the conversation (its memory)
+and the tool calls waiting for an owner's approval."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tickets.models import Ticket, TicketEvent, TicketState
+
+from ..models import ContextEntry, Endpoint
+from . import memory
+
+log = logging.getLogger(__name__)
+
+CONVERSATION_MAX_TURNS = 200
+
+
+def conversation(endpoint: Endpoint, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest ``limit`` agent turns of the endpoint, oldest first: each
+    with its ticket, exchange, status and messages (the framework's JSON),
+    read from the artifacts. A missing or altered artifact shows as an
+    ``error`` on that turn instead of failing the page."""
+    limit = max(1, min(limit, CONVERSATION_MAX_TURNS))
+    rows = list(
+        ContextEntry.objects.filter(endpoint=endpoint)
+        .order_by("-seq")
+        .values("seq", "ticket_id", "artifacts", "created_at")[: limit * 2]
+    )
+    turns: list[dict[str, Any]] = []
+    for row in rows:
+        pointer = memory.pointer_of(row)
+        if pointer is None:
+            continue
+        item: dict[str, Any] = {
+            "seq": row["seq"],
+            "ticket": str(row["ticket_id"]),
+            "exchange": pointer.get("exchange"),
+            "status": pointer.get("status"),
+            "framework": pointer.get("framework"),
+            "sha256": pointer.get("sha256"),
+            "bytes": pointer.get("bytes"),
+            "at": row["created_at"].isoformat(),
+            "messages": [],
+        }
+        try:
+            item["messages"] = memory.read(pointer).get("messages") or []
+        except memory.MemoryError_ as exc:
+            log.warning("conversation of %s: %s", endpoint.address, exc)
+            item["error"] = str(exc)
+        turns.append(item)
+        if len(turns) >= limit:
+            break
+    return list(reversed(turns))
+
+
+def waiting_continuation(ticket: Ticket) -> dict[str, Any] | None:
+    """The agent continuation a waiting ticket's last wait recorded."""
+    detail = (
+        TicketEvent.objects.filter(ticket_id=ticket.id, kind="waiting_for_children")
+        .order_by("-id")
+        .values_list("detail", flat=True)
+        .first()
+    )
+    cont = (detail or {}).get("continuation") or {}
+    return cont if isinstance(cont.get("agent"), dict) else None
+
+
+def pending_approvals(endpoint: Endpoint, *, ticket: Ticket | None = None) -> list[dict[str, Any]]:
+    """Every call waiting for an owner's approval on the endpoint's waiting
+    tickets (or on one ticket): ticket, call id, tool, arguments (or their
+    digest when large), the turn that asked, and the decision once made."""
+    tickets = Ticket.objects.filter(endpoint=endpoint, state=TicketState.WAITING)
+    if ticket is not None:
+        tickets = tickets.filter(id=ticket.id)
+    out = []
+    for waiting in tickets.order_by("id")[:200]:
+        cont = waiting_continuation(waiting)
+        if cont is None:
+            continue
+        decided = {
+            e["detail"].get("call_id"): e
+            for e in TicketEvent.objects.filter(
+                ticket_id=waiting.id, kind="tool_call_decided"
+            ).values("detail", "actor", "at")
+        }
+        for call_id, call in cont["agent"].get("pending", {}).items():
+            if call.get("kind") != "approval":
+                continue
+            decision = decided.get(call_id)
+            out.append(
+                {
+                    "ticket": str(waiting.id),
+                    "call_id": call_id,
+                    "tool": call.get("tool"),
+                    "args": call.get("args"),
+                    "args_sha256": call.get("args_sha256"),
+                    "turn": call.get("turn"),
+                    "decision": None
+                    if decision is None
+                    else {
+                        "approved": decision["detail"].get("approved"),
+                        "reason": decision["detail"].get("reason"),
+                        "actor": decision["actor"],
+                        "at": decision["at"].isoformat(),
+                    },
+                }
+            )
+    return out

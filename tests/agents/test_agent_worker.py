@@ -1,0 +1,143 @@
+"""demo.agent on real worker processes (PostgreSQL, Redis, Celery; an
+offline model): memory across tickets, delegation that ends the turn while
+another ticket runs, a failed child, an approval, a budget interrupt that
+cancels a slow tool call, and a SIGKILLed worker's tool receipt."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from endpoints.models import Turn
+from recovery.models import RecoveryCase
+from tests.conftest import wait_for
+from tickets.admission import admit_ticket
+from tickets.models import Ticket, TicketEvent
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.agent"}
+TERMINAL = ("succeeded", "failed", "cancelled", "orphaned")
+
+
+def state_of(ticket_id) -> str:
+    return Ticket.objects.values_list("state", flat=True).get(id=ticket_id)
+
+
+def ask(prompt: str, endpoint: str = "demo.agent") -> Ticket:
+    return admit_ticket(endpoint=endpoint, input={"prompt": prompt}).ticket
+
+
+def settled(ticket: Ticket, timeout: float = 30) -> Ticket:
+    wait_for(
+        lambda: state_of(ticket.id) in TERMINAL,
+        timeout=timeout,
+        message=f"ticket {ticket.input} to finish",
+    )
+    ticket.refresh_from_db()
+    return ticket
+
+
+@pytest.fixture
+def demo(make_endpoint):
+    make_endpoint("demo.echo")
+    make_endpoint("demo.sleep", path="endpoints.demo.sleep")
+    make_endpoint("demo.fail", path="endpoints.demo.fail")
+    make_endpoint("demo.agent", runner=AGENT)
+
+
+def test_demo_agent_remembers_delegates_and_asks_for_approval(celery_procs, demo, api):
+    celery_procs.env["AGENT_PRELOAD"] = "pydantic_ai"
+    celery_procs.worker_and_beat()
+    # Memory: the second ticket sees the first's conversation.
+    assert settled(ask("remember the code is 42")).state == "succeeded"
+    assert settled(ask("recall")).result == "I remember: the code is 42"
+
+    # Delegation ends the turn; another ticket runs while the children do.
+    parent = ask("delegate-slow alpha, beta")
+    wait_for(lambda: state_of(parent.id) == "waiting", message="the parent to wait")
+    children = list(Ticket.objects.filter(parent=parent).order_by("id"))
+    assert len(children) == 2
+    meanwhile = settled(ask("remember tea"))
+    assert meanwhile.state == "succeeded"
+    assert [state_of(c.id) for c in children] != ["succeeded", "succeeded"]
+    assert state_of(parent.id) == "waiting"
+    parent = settled(parent)
+    assert parent.state == "succeeded", parent.error
+    assert parent.result.startswith("children said: ok {'slept_s'")
+    resumed_by = Turn.objects.get(id=parent.completed_by_turn_id)
+    assert resumed_by.ticket.callback_for_id in {c.id for c in children}
+
+    # A failed child reaches the agent as an error, not a success.
+    failing = settled(ask("delegate fail"))
+    assert failing.state == "succeeded"
+    assert failing.result.startswith("children said: failed (the delegated work did not succeed")
+
+    # An approval-requiring tool waits for an owner and resumes after it.
+    asking = ask("send ops")
+    wait_for(lambda: state_of(asking.id) == "waiting", message="the approval wait")
+    call = api.get("/endpoints/demo.agent/approvals").json()[0]
+    decided = api.post(
+        f"/endpoints/demo.agent/approvals/{asking.id}/{call['call_id']}",
+        {"approve": True, "reason": "ops asked for it"},
+    )
+    assert decided.status_code == 200, decided.json()
+    asking = settled(asking)
+    assert asking.result.startswith("done: send_report: sent to ops with key cc-")
+
+
+def test_a_budget_interrupt_cancels_the_agent_awaiting_a_slow_tool(celery_procs, make_endpoint):
+    # The framework warmed before the pool forks (AGENT_PRELOAD):
+    # the 1 s budget is the tool's, not the import's.
+    celery_procs.env["AGENT_PRELOAD"] = "pydantic_ai"
+    celery_procs.worker(concurrency=2, embedded_beat=True)
+    make_endpoint("demo.agent", runner=AGENT, turn_budget_s=1, interrupt_grace_s=4)
+    ticket = ask("slow 60")
+    ticket = settled(ticket, timeout=20)
+    assert ticket.state == "failed" and ticket.error["code"] == "timed_out"
+    turn = Turn.objects.get(ticket=ticket)
+    assert turn.state == "stopped"
+    assert turn.stop_evidence["kind"] == "runner_returned"
+    assert turn.stop_evidence["detail"]["cancelled"] == "asyncio"
+    # Cancelled at its await, within the grace: no SIGTERM was needed.
+    assert turn.stop_evidence["detail"]["signals_sent"] == []
+    assert turn.stop_evidence["detail"]["cancel_latency_s"] < 1
+    # From the sweep's request: the beat that carries the flag (every 2 s
+    # here), the cancel, the finish -- within the 4 s grace.
+    assert (turn.ended_at - turn.interrupt_requested_at).total_seconds() < 4
+    receipts = [
+        (e.kind, e.detail.get("status"))
+        for e in TicketEvent.objects.filter(ticket=ticket, kind__startswith="tool_").order_by("id")
+    ]
+    assert receipts == [("tool_started", None), ("tool_ended", "cancelled")]
+
+
+def test_a_worker_killed_mid_tool_call_leaves_a_started_receipt(celery_procs, make_endpoint):
+    from django.contrib.auth import get_user_model
+
+    from recovery.services import inspect_case
+
+    celery_procs.env["AGENT_PRELOAD"] = "pydantic_ai"
+    celery_procs.control_and_beat()
+    celery_procs.worker("turns", queues="turns", concurrency=1)
+    make_endpoint("demo.agent", runner=AGENT, heartbeat_timeout_s=1.5, interrupt_grace_s=1)
+    ticket = ask("slow 120")
+    wait_for(
+        lambda: TicketEvent.objects.filter(ticket=ticket, kind="tool_started").exists(),
+        message="the tool call to start",
+    )
+    celery_procs.kill("turns", sig=signal.SIGKILL)
+    case = wait_for(
+        lambda: RecoveryCase.objects.filter(ticket=ticket).first(),
+        timeout=20,
+        message="quarantine after the heartbeat went stale",
+    )
+    assert case.endpoint.state == "quarantined"
+    owner = get_user_model().objects.create_user("boss", is_staff=True)
+    snapshot = inspect_case(case_id=case.id, user=owner).snapshot
+    kinds = [e["kind"] for e in snapshot["events"]]
+    assert "tool_started" in kinds and "tool_ended" not in kinds
+    [call] = snapshot["tool_calls"]
+    assert call["tool"] == "slow" and call["ended_at"] is None and call["status"] is None
+    assert state_of(ticket.id) == "recovering"
