@@ -27,7 +27,7 @@ from config.errors import Invalid
 from endpoints.models import Endpoint, EndpointAlias, EndpointState, Turn
 from endpoints.selectors import owned_endpoint_ids, workers_overview
 from recovery.models import CaseEvidence, CaseState, Decision, Inspection, Lesson, RecoveryCase
-from recovery.selectors import visible_cases
+from recovery.selectors import tool_calls, visible_cases
 from tickets import selectors as ticket_selectors
 from tickets.models import (
     TERMINAL_STATES,
@@ -542,6 +542,8 @@ class CaseDetail:
     inspections: list[Inspection]
     decisions: list[Decision]
     lesson: Lesson | None
+    # The uncertain turn's tool receipts, paired by call (agent runners).
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 def get_case(case_id: uuid.UUID, *, user) -> RecoveryCase:
@@ -568,6 +570,7 @@ def case_detail(case: RecoveryCase) -> CaseDetail:
             .order_by("created_at")
         ),
         lesson=Lesson.objects.filter(case_id=case.id).select_related("actor").first(),
+        tool_calls=tool_calls(case.ticket_id, turn_id=case.turn_id),
     )
 
 

@@ -17,6 +17,11 @@ urlpatterns = [
     path("traces/<path:trace_id>/", views.trace_detail, name="trace_detail"),
     path("endpoints/", views.endpoint_list, name="endpoint_list"),
     path("endpoints/<str:address>/", views.endpoint_detail, name="endpoint_detail"),
+    path(
+        "endpoints/<str:address>/approvals/<uuid:ticket_id>/<str:call_id>/",
+        views.agent_approval,
+        name="agent_approval",
+    ),
     path("recovery/", views.case_list, name="case_list"),
     path("recovery/<uuid:case_id>/", views.case_detail, name="case_detail"),
     path("recovery/<uuid:case_id>/inspections/", views.case_inspect, name="case_inspect"),

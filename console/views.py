@@ -448,9 +448,58 @@ def endpoint_detail(request, address):
             "hour": selectors.endpoint_hour(endpoint),
             "cases": selectors.endpoint_cases(endpoint, user=request.user),
             "live_token": live_token,
+            **_agent_context(request, endpoint),
         },
         region="live",
     )
+
+
+CONSOLE_CONVERSATION_TURNS = 20
+
+
+def _agent_context(request, endpoint) -> dict:
+    """An agent endpoint's conversation and pending approvals: its owners
+    (and staff) only; anyone else sees neither."""
+    if endpoint.runner.get("kind") != "agent" or not is_owner(request.user, endpoint):
+        return {}
+    from endpoints.agents import selectors as agent_selectors
+
+    turns = agent_selectors.conversation(endpoint, limit=CONSOLE_CONVERSATION_TURNS)
+    for turn in turns:
+        turn["lines"] = agent_selectors.message_lines(turn["messages"])
+    return {
+        "agent": True,
+        "conversation": turns,
+        "approvals": agent_selectors.pending_approvals(endpoint),
+    }
+
+
+@login_required
+@require_POST
+def agent_approval(request, address, ticket_id, call_id):
+    """An owner approves or denies a pending tool call (the API's decision,
+    from the endpoint page); the service checks who may."""
+    from endpoints.agents.services import decide_tool_call
+
+    endpoint = selectors.get_endpoint(address)
+    approve = request.POST.get("decision") == "approve"
+    try:
+        decided = decide_tool_call(
+            address=endpoint.address,
+            ticket_id=str(ticket_id),
+            call_id=call_id,
+            approve=approve,
+            reason=request.POST.get("reason", ""),
+            user=request.user,
+        )
+    except NotFound as exc:
+        raise Http404(exc.detail) from None
+    except DomainError as exc:
+        messages.error(request, exc.detail)
+    else:
+        verb = "approved" if decided["approved"] else "denied"
+        messages.success(request, f"Call {call_id} {verb}; the agent resumes in a new turn.")
+    return redirect("endpoint_detail", address=endpoint.address)
 
 
 # --- Recovery ----------------------------------------------------------------------------------

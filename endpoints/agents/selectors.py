@@ -107,3 +107,69 @@ def pending_approvals(endpoint: Endpoint, *, ticket: Ticket | None = None) -> li
                 }
             )
     return out
+
+
+def _text(value: Any, limit: int = 2000) -> str:
+    import json
+
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def message_lines(messages: list[Any]) -> list[dict[str, str]]:
+    """A framework's messages as ``{role, text}`` lines for a reader: Pydantic
+    AI's parts and the Agents SDK's items alike; anything else as JSON."""
+    lines: list[dict[str, str]] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            lines.append({"role": "item", "text": _text(message)})
+            continue
+        if "parts" in message:  # Pydantic AI
+            for part in message.get("parts") or []:
+                kind = part.get("part_kind", "")
+                if kind == "user-prompt":
+                    lines.append({"role": "user", "text": _text(part.get("content"))})
+                elif kind == "text":
+                    lines.append({"role": "assistant", "text": _text(part.get("content"))})
+                elif kind == "tool-call":
+                    lines.append(
+                        {
+                            "role": "tool call",
+                            "text": f"{part.get('tool_name')}({_text(part.get('args'))}) "
+                            f"[{part.get('tool_call_id')}]",
+                        }
+                    )
+                elif kind == "tool-return":
+                    outcome = part.get("outcome") or "success"
+                    lines.append(
+                        {
+                            "role": f"tool result ({outcome})",
+                            "text": f"{part.get('tool_name')}: {_text(part.get('content'))}",
+                        }
+                    )
+                elif kind in ("system-prompt", "instructions"):
+                    continue
+                else:
+                    lines.append({"role": kind or "part", "text": _text(part)})
+            continue
+        item_type = message.get("type")  # the Agents SDK's input items
+        if item_type == "function_call":
+            lines.append(
+                {
+                    "role": "tool call",
+                    "text": f"{message.get('name')}({message.get('arguments')}) "
+                    f"[{message.get('call_id')}]",
+                }
+            )
+        elif item_type == "function_call_output":
+            lines.append({"role": "tool result", "text": _text(message.get("output"))})
+        elif "role" in message:
+            content = message.get("content")
+            if isinstance(content, list):
+                content = " ".join(
+                    str(c.get("text", "")) for c in content if isinstance(c, dict)
+                ) or _text(content)
+            lines.append({"role": str(message["role"]), "text": _text(content)})
+        else:
+            lines.append({"role": item_type or "item", "text": _text(message)})
+    return lines

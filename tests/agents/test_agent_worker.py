@@ -113,7 +113,9 @@ def test_a_budget_interrupt_cancels_the_agent_awaiting_a_slow_tool(celery_procs,
     assert receipts == [("tool_started", None), ("tool_ended", "cancelled")]
 
 
-def test_a_worker_killed_mid_tool_call_leaves_a_started_receipt(celery_procs, make_endpoint):
+def test_a_worker_killed_mid_tool_call_leaves_a_started_receipt(
+    celery_procs, make_endpoint, client
+):
     from django.contrib.auth import get_user_model
 
     from recovery.services import inspect_case
@@ -141,3 +143,7 @@ def test_a_worker_killed_mid_tool_call_leaves_a_started_receipt(celery_procs, ma
     [call] = snapshot["tool_calls"]
     assert call["tool"] == "slow" and call["ended_at"] is None and call["status"] is None
     assert state_of(ticket.id) == "recovering"
+    # The case page says what already happened.
+    client.force_login(owner)
+    page = client.get(f"/recovery/{case.id}/").content.decode()
+    assert "Tool calls of the uncertain turn" in page and "no end recorded" in page

@@ -200,3 +200,37 @@ def test_history_lives_in_artifacts_and_rows_stay_compact(agent_ep):
     assert result_max <= settings.TICKET_MAX_RESULT_BYTES
     # The input and the answer (10 KB each, compressed by TOAST) and pointers.
     assert row_max < 25_000
+
+
+def test_the_console_shows_owners_the_conversation_and_takes_a_decision(
+    agent_ep, client, django_user_model
+):
+    ask("remember the code is 42")
+    waiting = ask("send ops")
+    owner = django_user_model.objects.create_user("boss", is_staff=True)
+    client.force_login(owner)
+    page = client.get("/endpoints/demo.agent/").content.decode()
+    assert "Agent conversation" in page and "remember the code is 42" in page
+    assert "noted: the code is 42" in page and "send_report" in page
+    call_id = (
+        Ticket.objects.get(id=waiting.id)
+        .events.get(kind="waiting_for_children")
+        .detail["continuation"]["agent"]["pending"]
+    )
+    [call_id] = list(call_id)
+    answer = client.post(
+        f"/endpoints/demo.agent/approvals/{waiting.id}/{call_id}/",
+        {"decision": "deny", "reason": "not today"},
+    )
+    assert answer.status_code == 302
+    event = TicketEvent.objects.get(ticket=waiting, kind="tool_call_decided")
+    assert event.detail["approved"] is False and event.actor == "user:boss"
+    # Someone who is not an owner sees neither, and cannot decide.
+    stranger = django_user_model.objects.create_user("stranger")
+    client.force_login(stranger)
+    assert "Agent conversation" not in client.get("/endpoints/demo.agent/").content.decode()
+    refused = client.post(
+        f"/endpoints/demo.agent/approvals/{waiting.id}/{call_id}/",
+        {"decision": "approve", "reason": "sneaky"},
+    )
+    assert refused.status_code == 404
