@@ -9,6 +9,7 @@ reads its idempotency key with :func:`idempotency_key` while it runs.
 
 from __future__ import annotations
 
+import hashlib
 from contextvars import ContextVar
 
 # framework name (the runner's ``framework``) -> the module holding its ADAPTER.
@@ -18,11 +19,21 @@ ADAPTERS = {
 }
 
 _idempotency_key: ContextVar[str | None] = ContextVar("claimcheck_idempotency_key", default=None)
+_turn_id: ContextVar[str | None] = ContextVar("claimcheck_turn_id", default=None)
 
 
-def idempotency_key() -> str | None:
-    """Inside a side-effecting tool call: the key derived from the exact
-    turn and the call id (send it to the system you change, so a repeat of
-    this call is recognised). A re-run an owner authorises is a new turn
-    and gets a new key. None outside such a call."""
-    return _idempotency_key.get()
+def derive_key(turn_id: str, call_id: str) -> str:
+    return "cc-" + hashlib.sha256(f"{turn_id}:{call_id}".encode()).hexdigest()[:40]
+
+
+def idempotency_key(call_id: str | None = None) -> str | None:
+    """The idempotency key of a side-effecting tool call: derived from the
+    exact turn and the call id (send it to the system you change, so a
+    repeat of this call is recognised). A re-run an owner authorises is a
+    new turn and gets a new key. Pydantic AI tools call it with no argument
+    (the call being run); Agents SDK tools pass ``ctx.tool_call_id``. None
+    outside an agent turn."""
+    if call_id is None:
+        return _idempotency_key.get()
+    turn = _turn_id.get()
+    return derive_key(turn, call_id) if turn else None

@@ -94,6 +94,8 @@ class AgentTurn:
     hooks: ToolHooks
     # The turn's input as given (an adapter may pass it on as dependencies).
     input: dict[str, Any] = field(default_factory=dict)
+    # The endpoint's runner settings (e.g. ``side_effect_tools``).
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from config import secrets
 from config.canonical import canonical_json
 
 from ..runners import Child, Outcome, Resume, RunnerError, TurnContext, Wait
-from . import ADAPTERS, memory
+from . import ADAPTERS, _turn_id, derive_key, memory
 from .protocol import Adapter, AgentStep, AgentTurn, Answer, ToolHooks, cancellable, digest
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,7 @@ def run_agent(ctx: TurnContext) -> Outcome:
             answers={},
             hooks=_hooks(ctx),
             input=ctx.input,
+            options=ctx.runner,
         )
         return _run_and_conclude(ctx, adapter, agent, turn, exchange=str(ctx.ticket_id))
     exchange, pending = resume
@@ -168,6 +169,7 @@ def run_agent(ctx: TurnContext) -> Outcome:
         answers=answers,
         hooks=_hooks(ctx),
         input=ctx.input,
+        options=ctx.runner,
     )
     return _run_and_conclude(ctx, adapter, agent, turn, exchange=exchange, resuming=True)
 
@@ -229,7 +231,7 @@ def _answers(
 
 def _hooks(ctx: TurnContext) -> ToolHooks:
     def idempotency_key(call_id: str) -> str:
-        return "cc-" + digest(f"{ctx.turn_id}:{call_id}")[:40]
+        return derive_key(str(ctx.turn_id), call_id)
 
     def _payload(prefix: str, value: Any) -> dict[str, Any]:
         body = canonical_json(value, default=str)
@@ -284,6 +286,8 @@ def _run_and_conclude(
     if ctx.interrupted():
         return Outcome.stopped("runner_returned", {"before_agent_run": True})
     seen: dict[str, float] = {}
+    # Every task of the run copies this context: a tool finds its turn here.
+    _turn_id.set(str(ctx.turn_id))
     try:
         step: AgentStep = asyncio.run(cancellable(adapter.run(agent, turn), ctx._interrupt, seen))
     except asyncio.CancelledError:
