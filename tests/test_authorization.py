@@ -168,6 +168,37 @@ class World:
         )
         return case
 
+    def agent_approval(self) -> tuple[Ticket, str]:
+        """The submitter's ticket on an agent endpoint the owner owns, waiting
+        for an owner's approval of one tool call."""
+
+        def make():
+            from endpoints.agents.runner import preload
+
+            address = "m.agent"
+            runner = {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.agent"}
+            # Warm first: this test's transaction is invisible to the heartbeat
+            # thread, so the turn must end before its first beat (5 s).
+            preload(runner)
+            create_endpoint(
+                address=address,
+                runner={
+                    "kind": "agent",
+                    "framework": "pydantic_ai",
+                    "path": "endpoints.demo.agent",
+                },
+                owners=["owner"],
+            )
+            ticket = admit_ticket(
+                endpoint=address, input={"prompt": "send ops"}, submitter=self.users["submitter"]
+            ).ticket
+            runtime.run_ticket(ticket_id=ticket.id)
+            wait = ticket.events.get(kind="waiting_for_children")
+            [call_id] = list(wait.detail["continuation"]["agent"]["pending"])
+            return ticket, call_id
+
+        return self.once("agent_approval", make)
+
     def bearer(self, actor: str) -> str | None:
         if actor == "anonymous":
             return None
@@ -254,6 +285,24 @@ MATRIX: dict[tuple[str, str], Row] = {
     ),
     ("PATCH", "/endpoints/{address}"): Row(
         lambda w: (f"/endpoints/{w.endpoint('m.ep')}", {"turn_budget_s": 60}), STAFF_ONLY
+    ),
+    # An agent's conversation and pending calls: its owners and staff only.
+    ("GET", "/endpoints/{address}/conversation"): Row(
+        lambda w: (f"/endpoints/{w.endpoint('m.ep')}/conversation", None),
+        _statuses(stranger=403, submitter=403),
+    ),
+    ("GET", "/endpoints/{address}/approvals"): Row(
+        lambda w: (f"/endpoints/{w.endpoint('m.ep')}/approvals", None),
+        _statuses(stranger=403, submitter=403),
+    ),
+    # Deciding a call: the owner decides (staff's same decision converges);
+    # the submitter sees the ticket but may not; to a stranger it does not exist.
+    ("POST", "/endpoints/{address}/approvals/{ticket_id}/{call_id}"): Row(
+        lambda w: (
+            f"/endpoints/m.agent/approvals/{w.agent_approval()[0].id}/{w.agent_approval()[1]}",
+            {"approve": True, "reason": "the matrix approves"},
+        ),
+        _statuses(stranger=404, submitter=403),
     ),
     # A restricted endpoint: only the listed submitter, the owners and staff.
     ("POST", "/tickets"): Row(
