@@ -29,6 +29,11 @@ RUNNER_EXTRA = {"demo.stuck": {"isolation": "inline"}}
 SHORT = {"turn_budget_s": 20, "interrupt_grace_s": 5}
 BUDGETS = {"demo.stuck": SHORT, "demo.stubborn": SHORT, "demo.sleep": SHORT}
 OWNER, PASSWORD = "demo", "demo-owner"
+# Agent endpoints (runner kind "agent"): created when their framework is
+# installed (the optional dependency group, e.g. `uv sync --extra pydantic-ai`).
+AGENT_DEMO = {
+    "demo.agent": {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.agent"},
+}
 
 
 class Command(BaseCommand):
@@ -61,14 +66,19 @@ class Command(BaseCommand):
                     **BUDGETS.get(address, {}),
                 )
                 self.stderr.write(f"created endpoint {address}")
+        for address, runner in AGENT_DEMO.items():
+            if not Endpoint.objects.filter(address=address).exists() and _installed(runner):
+                create_endpoint(address=address, runner=runner, actor="command:seed_demo")
+                self.stderr.write(f"created endpoint {address}")
+        owned = [*DEMO, *(a for a in AGENT_DEMO if Endpoint.objects.filter(address=a).exists())]
         # An existing demo owner keeps its password, and so its sessions (a
         # new password hash logs every console session out): only ownership
         # of the demo endpoints is made sure of.
         owner = get_user_model().objects.filter(username=OWNER).first()
         if owner is None:
-            create_owner(username=OWNER, password=PASSWORD, endpoints=list(DEMO))
+            create_owner(username=OWNER, password=PASSWORD, endpoints=owned)
         else:
-            for address in DEMO:
+            for address in owned:
                 add_owner(address=address, user=owner, actor="command:seed_demo")
         key_file = settings.VAR_DIR / "demo_api_key"
         key = key_file.read_text().strip() if key_file.exists() else ""
@@ -82,3 +92,14 @@ class Command(BaseCommand):
             f"console: http://127.0.0.1:{port}/login/  user {OWNER}  password {PASSWORD}"
         )
         self.stdout.write(f"API key: {key}")
+
+
+def _installed(runner: dict) -> bool:
+    from endpoints.agents.runner import load_adapter
+    from endpoints.runners import RunnerError
+
+    try:
+        load_adapter(runner["framework"])
+    except RunnerError:
+        return False
+    return True
