@@ -2,7 +2,8 @@
 code path: start, a forked turn, finish, children, callbacks), against the
 database in ``DATABASE_URL``.
 
-    DATABASE_URL=postgres://... .venv/bin/python examples/run_research.py [pydantic_ai|openai_agents] "topic"
+    DATABASE_URL=postgres://... .venv/bin/python examples/run_research.py \
+        [pydantic_ai|openai_agents] "topic"
 
 Offline by default. With a real model: ``EXAMPLE_MODEL=openai:gpt-4o-mini``
 (Pydantic AI) or ``EXAMPLE_MODEL=gpt-4o-mini`` (Agents SDK), and the key
