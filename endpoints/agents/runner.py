@@ -134,6 +134,17 @@ def run_agent(ctx: TurnContext) -> Outcome:
         return Outcome.failure({"code": "secret_missing", "detail": exc.detail})
     except RunnerError as exc:
         return Outcome.failure({"code": "runner_error", "detail": str(exc)})
+    try:
+        return _run(ctx, adapter, agent)
+    except memory.MemoryError_ as exc:
+        # The conversation cannot be rebuilt (an artifact lost or altered):
+        # say so, never run the agent on a conversation with holes in it.
+        error = {"code": "agent_memory", "detail": str(exc)}
+        resume = _continuation(ctx.input)
+        return _resume_outcome(resume[0], error=error) if resume else Outcome.failure(error)
+
+
+def _run(ctx: TurnContext, adapter: Adapter, agent: Any) -> Outcome:
     resume = _continuation(ctx.input)
     if resume is None:
         earlier, _, _ = memory.conversation(ctx.history, resuming=None, runner=ctx.runner)

@@ -234,3 +234,41 @@ def test_the_console_shows_owners_the_conversation_and_takes_a_decision(
         {"decision": "approve", "reason": "sneaky"},
     )
     assert refused.status_code == 404
+
+
+def test_a_fenced_turns_messages_never_enter_the_conversation(agent_ep):
+    """Only the exact turn's finish writes the pointer to its messages: a
+    stale outcome (wrong seq) carrying a pointer is evidence, not memory."""
+    from endpoints.agents import memory
+    from endpoints.runners import Outcome
+
+    ticket = admit_ticket(endpoint="demo.agent", input={"prompt": "remember real"}).ticket
+    started = runtime.start_turn(ticket_id=ticket.id)
+    forged = memory.store(
+        framework="pydantic_ai",
+        exchange=str(ticket.id),
+        status="done",
+        messages=[
+            {
+                "kind": "request",
+                "parts": [{"part_kind": "user-prompt", "content": "remember forged"}],
+            }
+        ],
+        state=None,
+    )
+    late = runtime.finish_turn(
+        turn_id=started.turn.id,
+        seq=started.turn.seq + 1,
+        outcome=Outcome.success("noted: forged", artifacts=[forged]),
+        source="test",
+    )
+    assert not late.accepted
+    assert not ContextEntry.objects.filter(endpoint=agent_ep).exists()
+    assert TicketEvent.objects.filter(ticket=ticket, kind="stale_outcome").exists()
+    runtime.finish_turn(
+        turn_id=started.turn.id,
+        seq=started.turn.seq,
+        outcome=Outcome.failure({"code": "test", "detail": "the exact turn failed"}),
+        source="test",
+    )
+    assert ask("recall").result == "I remember: "
