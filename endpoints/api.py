@@ -6,7 +6,7 @@ import uuid
 from typing import Any, Literal
 
 from django.http import HttpRequest
-from ninja import Field, Router, Status
+from ninja import Field, Query, Router, Status
 from ninja.security import HttpBearer
 
 from config import limits
@@ -15,6 +15,7 @@ from config.schemas import StrictTyped
 from tickets.selectors import iso, visible_tickets
 
 from . import runners, runtime, services
+from .agents.limits import CONVERSATION_MAX_TURNS
 from .models import Endpoint, Turn
 from .schemas import (
     ApprovalDecidedOut,
@@ -120,7 +121,9 @@ def _owned_endpoint(request: HttpRequest, address: str) -> Endpoint:
 
 
 @router.get("/{address}/conversation", response=ConversationOut)
-def read_conversation(request: HttpRequest, address: str, limit: int = 50):
+def read_conversation(
+    request: HttpRequest, address: str, limit: int = Query(50, ge=1, le=CONVERSATION_MAX_TURNS)
+):
     """The agent's memory: its newest turns' messages, oldest first."""
     from .agents.selectors import conversation
 

@@ -10,10 +10,9 @@ from tickets.models import Ticket, TicketEvent, TicketState
 
 from ..models import ContextEntry, Endpoint
 from . import memory
+from .limits import CONVERSATION_MAX_TURNS
 
 log = logging.getLogger(__name__)
-
-CONVERSATION_MAX_TURNS = 200
 
 
 def conversation(endpoint: Endpoint, *, limit: int = 50) -> list[dict[str, Any]]:
