@@ -47,9 +47,35 @@ def demo(make_endpoint):
     make_endpoint("demo.agent", runner=AGENT)
 
 
-def test_demo_agent_remembers_delegates_and_asks_for_approval(celery_procs, demo, api):
+def test_demo_agent_on_a_worker(celery_procs, demo, make_endpoint, api):
+    """One worker for every flow (its start-up is most of the cost): a budget
+    interrupt, memory, delegation, a failed child, an approval."""
+    # The framework warmed before the pool forks (AGENT_PRELOAD): a 1 s
+    # budget is the tool's, not the import's.
     celery_procs.env["AGENT_PRELOAD"] = "pydantic_ai"
     celery_procs.worker_and_beat()
+
+    # A budget interrupt cancels the agent awaiting a slow tool, within grace.
+    make_endpoint("budget.agent", runner=AGENT, turn_budget_s=1, interrupt_grace_s=6)
+    ticket = ask("slow 60", endpoint="budget.agent")
+    ticket = settled(ticket, timeout=20)
+    assert ticket.state == "failed" and ticket.error["code"] == "timed_out"
+    turn = Turn.objects.get(ticket=ticket)
+    assert turn.state == "stopped"
+    assert turn.stop_evidence["kind"] == "runner_returned"
+    assert turn.stop_evidence["detail"]["cancelled"] == "asyncio"
+    # Cancelled at its await, within the grace: no SIGTERM was needed.
+    assert turn.stop_evidence["detail"]["signals_sent"] == []
+    assert turn.stop_evidence["detail"]["cancel_latency_s"] < 1
+    # From the sweep's request: the beat that carries the flag (every 3 s
+    # here: half the grace), the cancel, the finish -- within the 6 s grace.
+    assert (turn.ended_at - turn.interrupt_requested_at).total_seconds() < 6
+    receipts = [
+        (e.kind, e.detail.get("status"))
+        for e in TicketEvent.objects.filter(ticket=ticket, kind__startswith="tool_").order_by("id")
+    ]
+    assert receipts == [("tool_started", None), ("tool_ended", "cancelled")]
+
     # Memory: the second ticket sees the first's conversation.
     assert settled(ask("remember the code is 42")).state == "succeeded"
     assert settled(ask("recall")).result == "I remember: the code is 42"
@@ -85,32 +111,6 @@ def test_demo_agent_remembers_delegates_and_asks_for_approval(celery_procs, demo
     assert decided.status_code == 200, decided.json()
     asking = settled(asking)
     assert asking.result.startswith("done: send_report: sent to ops with key cc-")
-
-
-def test_a_budget_interrupt_cancels_the_agent_awaiting_a_slow_tool(celery_procs, make_endpoint):
-    # The framework warmed before the pool forks (AGENT_PRELOAD):
-    # the 1 s budget is the tool's, not the import's.
-    celery_procs.env["AGENT_PRELOAD"] = "pydantic_ai"
-    celery_procs.worker(concurrency=2, embedded_beat=True)
-    make_endpoint("demo.agent", runner=AGENT, turn_budget_s=1, interrupt_grace_s=6)
-    ticket = ask("slow 60")
-    ticket = settled(ticket, timeout=20)
-    assert ticket.state == "failed" and ticket.error["code"] == "timed_out"
-    turn = Turn.objects.get(ticket=ticket)
-    assert turn.state == "stopped"
-    assert turn.stop_evidence["kind"] == "runner_returned"
-    assert turn.stop_evidence["detail"]["cancelled"] == "asyncio"
-    # Cancelled at its await, within the grace: no SIGTERM was needed.
-    assert turn.stop_evidence["detail"]["signals_sent"] == []
-    assert turn.stop_evidence["detail"]["cancel_latency_s"] < 1
-    # From the sweep's request: the beat that carries the flag (every 3 s
-    # here: half the grace), the cancel, the finish -- within the 6 s grace.
-    assert (turn.ended_at - turn.interrupt_requested_at).total_seconds() < 6
-    receipts = [
-        (e.kind, e.detail.get("status"))
-        for e in TicketEvent.objects.filter(ticket=ticket, kind__startswith="tool_").order_by("id")
-    ]
-    assert receipts == [("tool_started", None), ("tool_ended", "cancelled")]
 
 
 def test_a_worker_killed_mid_tool_call_leaves_a_started_receipt(
