@@ -63,7 +63,6 @@ FIELDS: dict[str, frozenset[str]] = {
         }
     ),
 }
-_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 
 # Names that say "this carries a credential": a header, a query parameter or
 # an argv option so named must not hold a literal value. Words that rarely

@@ -17,7 +17,7 @@ AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.ag
         ({**AGENT, "framework": "langgraph"}, "framework"),
         ({**AGENT, "path": "os.system"}, "RUNNER_PYTHON_ALLOWED_PREFIXES"),
         ({**AGENT, "secrets": {"OPENAI_API_KEY": "sk-live value"}}, "secrets.OPENAI_API_KEY"),
-        ({**AGENT, "secrets": {"lower": "NAME"}}, "variable name"),
+        ({**AGENT, "secrets": {"NOT A NAME": "NAME"}}, "variable name"),
         ({**AGENT, "history_max_messages": 0}, "history_max_messages"),
         ({**AGENT, "delegate_to": "demo.echo"}, "delegate_to"),
     ],
