@@ -8,7 +8,8 @@ virtual environment exists, and installs it (step 1).
 
 Steps, each printed with its time:
 
-1. install: ``uv sync`` without the dev and test groups, into ``.venv/``,
+1. install: ``uv sync`` without the dev and test groups (with the
+   ``pydantic-ai`` extra, for ``demo.agent``), into ``.venv/``,
    when pyproject.toml or uv.lock is newer than ``.venv/.run-installed``
    (``make install``'s marker, for the test tools, is another file).
 2. servers: the PostgreSQL cluster (``var/pgdata``) and the Redis server
@@ -135,7 +136,7 @@ def install() -> str:
     # compile Django and Celery from source again at each start.
     done = subprocess.run(
         [uv, "sync", "--frozen", "--python", "python3", "--no-dev", "--inexact",
-         "--compile-bytecode", "--quiet"],
+         "--extra", "pydantic-ai", "--compile-bytecode", "--quiet"],
         cwd=ROOT,
     )  # fmt: skip
     if done.returncode:
@@ -552,6 +553,9 @@ class Supervisor:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["PORT"] = str(self.port)
+        # demo.agent runs on Pydantic AI: imported once in the worker's main
+        # process, not in every pool process's first turn (endpoints/worker.py).
+        env.setdefault("AGENT_PRELOAD", "pydantic_ai")
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if metrics:
             # One metrics directory for web and workers (docs/operations.md),
