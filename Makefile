@@ -21,7 +21,7 @@ TEST_WORKERS ?= 3
 # pytest-django's name for the test database (test_ + the URL's database name).
 TEST_DB_NAME = test_$(lastword $(subst /, ,$(firstword $(subst ?, ,$(TEST_DATABASE_URL)))))
 
-.PHONY: help install run soak test test-fast faults multihost lint fmt services browser pgbouncer proxy bench bench-install bench-peers bench-http bench-scale clean
+.PHONY: help install run soak test test-fast faults multihost lint fmt services browser pgbouncer proxy bench bench-install bench-peers bench-http bench-scale bench-all bench-compare bench-costs bench-prune clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -98,6 +98,19 @@ bench-http: bench-install services ## gunicorn + wrk: POST /api/v1/tickets again
 
 bench-scale: bench-install services ## reads, pages and sweeps at 10k and 1M tickets; bytes per ticket
 	$(PY) bench/scale.py
+
+bench-all: bench-install services ## every benchmark at reduced size: one table of ratios and targets, JSON in bench/results/
+	$(PY) bench/bench_all.py $(BENCH_ARGS)
+
+bench-compare: install ## flag ratios that fell beyond bench/noise.json: make bench-compare A=old.json B=new.json
+	@test -n "$(A)" -a -n "$(B)" || (echo "usage: make bench-compare A=bench/results/x.json B=bench/results/y.json" && exit 2)
+	$(PY) bench/compare.py $(A) $(B)
+
+bench-costs: bench-install services ## statements, commits, WAL bytes, buffers and CPU per admission, turn, callback, delivery
+	$(PY) bench/costs.py
+
+bench-prune: bench-install services ## prune_ledger removing 1M finished tickets while admissions run
+	$(PY) bench/prune.py
 
 clean: ## remove the virtual environment and var/ (the embedded servers' data too)
 	rm -rf .venv var

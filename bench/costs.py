@@ -1,0 +1,382 @@
+"""What one ticket costs the database and the worker, counted rather than
+timed: statements, commits, WAL bytes, buffers and CPU time per operation.
+
+Four operations, each N times in this process on ``claimcheck_bench_costs``
+(seeded with 20,000 finished tickets first, like admission.py):
+
+- `admission`: `admit_ticket` of a root ticket with a new dedupe key;
+- `turn`: `run_ticket` of such a ticket: start, the `endpoints.demo.echo`
+  runner, finish (the finish opens the ticket's pull delivery);
+- `turn_with_callback`: `run_ticket` of a child with `return_to`: the
+  finish also admits the callback ticket;
+- `turn_with_webhook`: `run_ticket` of a root whose requester names a
+  webhook: the finish opens a webhook delivery;
+- `delivery`: `tickets.delivery.send` of that delivery to a receiver on
+  127.0.0.1 answering 204.
+
+The callback's own cost is `turn_with_callback` minus `turn`; its ticket is
+then an admission and a turn like any other.
+
+Per operation, from the database's side (load-independent counts):
+
+- **statements**: what Django sent (an execute wrapper);
+- **commits**: `pg_stat_database.xact_commit` of this database (every
+  autocommit statement is a transaction of its own; read-only ones count);
+- **WAL bytes**: `pg_waldump` over the LSN range of the loop, keeping only
+  the records of this database's relations and the commit records of the
+  transactions that wrote them (the WAL is the cluster's, shared with the
+  other engineers' databases; ``pg_stat_wal`` would count theirs too).
+  Full-page images are counted apart: their share depends on how recently a
+  checkpoint ran, so the figure without them is the steady one;
+- **buffers**: `blks_hit + blks_read` of `pg_stat_database` (8 KB pages
+  touched), and the rows inserted, updated and deleted;
+- **CPU**: the PostgreSQL backend's user+system time (`/proc/<pid>/stat`;
+  WAL writer, checkpointer and autovacuum not included) and the calling
+  thread's own CPU time (`time.thread_time`) for the worker's side.
+
+`pg_stat_statements` is not used: it needs `shared_preload_libraries` and a
+restart of the shared server. Autovacuum is switched off on this database's
+tables while measuring (its reads would count as ours). Broker publishes are
+replaced by a counter (what the worker would send to Redis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from unittest import mock
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench import benchlib  # noqa: E402
+
+DB = "claimcheck_bench_costs"
+ADDRESS = "bench.costs"
+HOME = "bench.costs-home"
+WALDUMP = "/usr/lib/postgresql/15/bin/pg_waldump"
+OPERATIONS = ["admission", "turn", "turn_with_callback", "turn_with_webhook", "delivery"]
+RECORD = re.compile(r"len \(rec/tot\):\s*(\d+)/\s*(\d+), tx:\s*(\d+),.*?desc: (\S+)(.*)$")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a local PostgreSQL backend."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def wal_of_database(start: str, end: str, dboid: int, wal_dir: str) -> dict[str, int]:
+    """Bytes and records of the WAL between two LSNs that belong to one
+    database: records naming its relations, plus the commit records of the
+    transactions that wrote them."""
+    done = subprocess.run(
+        [WALDUMP, "-p", wal_dir, "-s", start, "-e", end],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout:
+        raise RuntimeError(f"pg_waldump {start}..{end} failed: {done.stderr.strip()[:300]}")
+    out = done.stdout
+    marker = f"/{dboid}/"
+    mine: set[str] = set()
+    commits: list[tuple[str, int]] = []
+    total = fpi_records = fpi_bytes = records = 0
+    for line in out.splitlines():
+        m = RECORD.search(line)
+        if not m:
+            continue
+        rec, tot, tx, desc, rest = int(m[1]), int(m[2]), m[3], m[4], m[5]
+        if line.startswith("rmgr: Transaction") and desc == "COMMIT":
+            commits.append((tx, tot))
+            continue
+        if marker not in rest:
+            continue
+        mine.add(tx)
+        records += 1
+        total += tot
+        if "FPW" in rest:
+            fpi_records += 1
+            fpi_bytes += tot - rec
+    commit_records = [tot for tx, tot in commits if tx in mine]
+    total += sum(commit_records)
+    return {
+        "bytes": total,
+        "bytes_without_fpi": total - fpi_bytes,
+        "records": records + len(commit_records),
+        "fpi": fpi_records,
+        "commit_records": len(commit_records),
+    }
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 answering 204 to every POST."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Meter:
+    """Statements sent by this process during one measured loop, counted at
+    psycopg's cursor (Django's cursors and the raw ones of the fast paths
+    alike; ``executemany`` counts once per row set)."""
+
+    def __init__(self):
+        self.statements = 0
+
+    def __enter__(self):
+        import psycopg
+
+        meter = self
+        plain, many = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+        def execute(cur, *a, **kw):
+            meter.statements += 1
+            return plain(cur, *a, **kw)
+
+        def executemany(cur, *a, **kw):
+            meter.statements += 1
+            return many(cur, *a, **kw)
+
+        self._patches = [
+            mock.patch.object(psycopg.Cursor, "execute", execute),
+            mock.patch.object(psycopg.Cursor, "executemany", executemany),
+        ]
+        for p in self._patches:
+            p.start()
+        return self
+
+    def __exit__(self, *exc):
+        for p in self._patches:
+            p.stop()
+
+
+def db_stats(mon, name: str) -> dict[str, int]:
+    mon.execute("SELECT pg_stat_clear_snapshot()")
+    row = mon.execute(
+        "SELECT xact_commit, xact_rollback, blks_hit, blks_read, tup_inserted, tup_updated, "
+        "tup_deleted FROM pg_stat_database WHERE datname = %s",
+        (name,),
+    ).fetchone()
+    keys = ("commits", "rollbacks", "blks_hit", "blks_read", "inserted", "updated", "deleted")
+    return dict(zip(keys, row, strict=True))
+
+
+def measure(label: str, n: int, call, args_list: list, mon, dboid: int, wal_dir: str) -> dict:
+    """Run ``call(arg)`` for each arg on a fresh Django connection; return
+    the per-operation counts."""
+    from django.db import connection
+
+    connection.close()
+    connection.ensure_connection()
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    # The pid query's own transaction flushes with the rest: count it out below.
+    before = db_stats(mon, benchlib.DB_NAME)
+    lsn0 = mon.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+    cpu_db0 = backend_cpu_s(pid)
+    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    with Meter() as meter:
+        for arg in args_list:
+            call(arg)
+    cpu_worker = time.thread_time() - cpu0
+    wall = time.perf_counter() - wall0
+    cpu_db = backend_cpu_s(pid) - cpu_db0
+    connection.close()  # the backend flushes its statistics as it exits
+    benchlib.wait_for(
+        lambda: not mon.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone(),
+        timeout=30,
+        what=f"backend {pid} to exit",
+    )
+    mon.execute("SELECT pg_stat_clear_snapshot()")
+    lsn1 = mon.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+    after = db_stats(mon, benchlib.DB_NAME)
+    wal = wal_of_database(str(lsn0), str(lsn1), dboid, wal_dir)
+    delta = {k: after[k] - before[k] for k in after}
+    delta["commits"] -= 1  # the pg_backend_pid() query's own transaction
+    per = {
+        "statements": meter.statements / n,
+        "commits": delta["commits"] / n,
+        "wal_bytes": wal["bytes"] / n,
+        "wal_bytes_without_fpi": wal["bytes_without_fpi"] / n,
+        "wal_records": wal["records"] / n,
+        "wal_fpi": wal["fpi"] / n,
+        "buffers": (delta["blks_hit"] + delta["blks_read"]) / n,
+        "buffers_read": delta["blks_read"] / n,
+        "rows_written": (delta["inserted"] + delta["updated"] + delta["deleted"]) / n,
+        "db_cpu_ms": cpu_db * 1e3 / n,
+        "worker_cpu_ms": cpu_worker * 1e3 / n,
+        "wall_ms": wall * 1e3 / n,
+    }
+    return {k: round(v, 3) for k, v in per.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=500, help="operations of each kind")
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    n = max(50, min(args.n, 5000))
+    benchlib.start_wall_clock()
+    benchlib.use_database(DB)
+    os.environ["DELIVERY_ALLOWED_HOSTS"] = "127.0.0.1"
+    benchlib.recreate_database()
+    benchlib.setup_django()
+
+    import logging
+
+    import psycopg
+    from django.db import connection
+
+    from config.celery import app
+    from endpoints.runtime import run_ticket
+    from endpoints.services import create_endpoint
+    from tickets import delivery
+    from tickets.admission import admit_ticket
+    from tickets.models import Delivery, Ticket
+
+    runner = {"kind": "python", "path": "endpoints.demo.echo"}
+    ep = create_endpoint(address=ADDRESS, runner=runner)
+    create_endpoint(address=HOME, runner=runner)
+    benchlib.seed_ledger(ep.id)
+    receiver = Receiver()
+    mon = psycopg.connect(f"{benchlib.PG_SERVER}/postgres", autocommit=True)
+    published: list[str] = []
+    results: dict[str, dict] = {}
+    try:
+        dboid = mon.execute(
+            "SELECT oid FROM pg_database WHERE datname = %s", (benchlib.DB_NAME,)
+        ).fetchone()[0]
+        wal_dir = mon.execute("SHOW data_directory").fetchone()[0] + "/pg_wal"
+        # A temporary slot (gone when this session ends) keeps the server from
+        # recycling the WAL segments of a loop before pg_waldump reads them.
+        mon.execute(
+            "SELECT pg_create_physical_replication_slot(%s, true, true)",
+            (f"bench_costs_{os.getpid()}",),
+        )
+        with psycopg.connect(benchlib.DATABASE_URL, autocommit=True) as db:
+            for (table,) in db.execute(
+                "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = 'public'"
+            ).fetchall():
+                db.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+            db.execute("VACUUM ANALYZE")
+        logging.disable(logging.INFO)
+
+        def send_task(name, *a, **kw):
+            published.append(name)
+
+        def admit(key: str, **kw):
+            return admit_ticket(endpoint=ADDRESS, input={"key": key}, dedupe_key=key, **kw)
+
+        def turn(ticket_id):
+            run_ticket(ticket_id=ticket_id, celery_task_id=str(uuid.uuid4()))
+
+        def measured(label: str, call, items: list) -> None:
+            # Warm the path (plans, caches) outside the count.
+            warm, timed = items[:10], items[10:]
+            for item in warm:
+                call(item)
+            start = len(published)
+            results[label] = measure(label, len(timed), call, timed, mon, dboid, wal_dir)
+            results[label]["broker_messages"] = round((len(published) - start) / len(timed), 3)
+            print(f"  {label}: {json.dumps(results[label])}", flush=True)
+
+        with mock.patch.object(app, "send_task", send_task):
+            tag = uuid.uuid4().hex[:8]
+            keys = [f"{tag}-{i}" for i in range(n + 10)]
+            measured("admission", lambda k: admit(k), keys)
+            plain = list(
+                Ticket.objects.filter(dedupe_key__in=keys)
+                .order_by("id")
+                .values_list("id", flat=True)
+            )
+            measured("turn", turn, plain)
+            # A root each: a trace holds at most TRACE_HARD_LIMIT tickets.
+            children = [
+                admit(
+                    f"{tag}-child-{i}", parent_id=admit(f"{tag}-root-{i}").ticket.id, return_to=HOME
+                ).ticket.id
+                for i in range(n + 10)
+            ]
+            measured("turn_with_callback", turn, children)
+            hooked = [
+                admit(
+                    f"{tag}-hook-{i}", requester={"name": "bench", "webhook_url": receiver.url}
+                ).ticket.id
+                for i in range(n + 10)
+            ]
+            measured("turn_with_webhook", turn, hooked)
+            deliveries = list(
+                Delivery.objects.filter(ticket_id__in=hooked, mode="webhook")
+                .order_by("created_at")
+                .values_list("id", flat=True)
+            )
+            states = Ticket.objects.filter(id__in=hooked).values_list("state", flat=True)
+            assert set(states) == {"succeeded"}, sorted(set(states))
+            assert len(deliveries) == len(hooked), (len(deliveries), len(hooked))
+            measured("delivery", lambda d: delivery.send(delivery_id=d), deliveries)
+            undelivered = Delivery.objects.filter(
+                id__in=deliveries, delivered_at__isnull=True
+            ).count()
+            assert undelivered == 0, f"{undelivered} deliveries not delivered"
+    finally:
+        receiver.close()
+        mon.close()
+        connection.close()
+        if not args.keep:
+            benchlib.drop_database()
+
+    t, c = results["turn"], results["turn_with_callback"]
+    results["callback"] = {k: round(c[k] - t[k], 3) for k in t}
+    ticket = {
+        k: round(
+            results["admission"][k] + results["turn_with_webhook"][k] + results["delivery"][k],
+            3,
+        )
+        for k in t
+    }
+    results["webhook_ticket"] = ticket
+    cols = ["statements", "commits", "wal_bytes", "wal_bytes_without_fpi", "buffers",
+            "rows_written", "db_cpu_ms", "worker_cpu_ms", "wall_ms", "broker_messages"]  # fmt: skip
+    print(
+        f"\nper operation, mean of {n} (a webhook ticket: admission + turn_with_webhook + delivery)"
+    )
+    print(f"  {'operation':<20}" + "".join(f"{c_[:12]:>13}" for c_ in cols))
+    for label in [*OPERATIONS, "callback", "webhook_ticket"]:
+        row = results[label]
+        print(f"  {label:<20}" + "".join(f"{row.get(c_, 0):13.2f}" for c_ in cols))
+    print(json.dumps({"bench": "costs", "n": n, "per_operation": results}, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""bench/compare.py's verdicts: a ratio that fell by more than its noise is
+a regression, in the direction its target names; the noise is measured on
+runs of one commit. Pure logic, no database."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import compare
+from bench.bench_all import evaluate, last_json, table
+
+
+def result(sha: str = "abc", **values: tuple[str, float]) -> dict:
+    return {
+        "commit": {"sha": sha},
+        "ratios": [{"name": n, "op": op, "value": v} for n, (op, v) in values.items()],
+    }
+
+
+def verdicts(a: dict, b: dict, noise: dict) -> dict[str, str]:
+    return {r["name"]: r["verdict"] for r in compare.compare(a, b, noise)}
+
+
+def test_a_fall_beyond_the_band_regresses_in_the_targets_direction():
+    noise = {"bands": {"rate": 0.10, "p99": 0.10, "errors": 0.0}}
+    a = result(rate=(">=", 1.0), p99=("<=", 1.0), errors=("==", 0))
+    # A higher-is-better ratio down 20 %, a lower-is-better one up 20 %.
+    b = result(rate=(">=", 0.8), p99=("<=", 1.2), errors=("==", 3))
+    assert verdicts(a, b, noise) == {
+        "rate": "regressed",
+        "p99": "regressed",
+        "errors": "regressed",
+    }
+    # The same moves the other way are improvements, and small ones are noise.
+    b = result(rate=(">=", 1.2), p99=("<=", 0.8), errors=("==", 0))
+    assert verdicts(a, b, noise) == {
+        "rate": "improved",
+        "p99": "improved",
+        "errors": "within noise",
+    }
+    b = result(rate=(">=", 0.95), p99=("<=", 1.05), errors=("==", 0))
+    assert set(verdicts(a, b, noise).values()) == {"within noise"}
+
+
+def test_an_unmeasured_ratio_takes_the_default_band_and_new_or_gone_ones_are_named():
+    a = result(rate=(">=", 1.0), old=(">=", 1.0))
+    b = result(rate=(">=", 0.8), new=(">=", 1.0))
+    got = verdicts(a, b, {"default_band": 0.25})
+    assert got == {"rate": "within noise", "old": "gone", "new": "new"}
+    assert "default" in compare.render(compare.compare(a, b, {"default_band": 0.25}))
+
+
+def test_main_exits_1_on_a_regression(tmp_path, capsys):
+    pa, pb, pn = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "noise.json"
+    pa.write_text(json.dumps(result(rate=(">=", 1.0))))
+    pb.write_text(json.dumps(result(rate=(">=", 0.5))))
+    pn.write_text(json.dumps({"bands": {"rate": 0.1}}))
+    assert compare.main([str(pa), str(pb), "--noise", str(pn)]) == 1
+    assert "REGRESSED" in capsys.readouterr().out
+    assert compare.main([str(pa), str(pa), "--noise", str(pn)]) == 0
+
+
+def test_noise_is_measured_on_one_commit_only():
+    runs = [result(rate=(">=", 1.0), n=(">=", 5.0)), result(rate=(">=", 0.9), n=(">=", 5.0))]
+    noise = compare.measure_noise(runs)
+    # 1.5 x the 10 % spread; an identical count gets the floor.
+    assert noise["bands"] == {"rate": 0.15, "n": compare.MIN_BAND}
+    with pytest.raises(ValueError, match="one commit"):
+        compare.measure_noise([result("a", rate=(">=", 1.0)), result("b", rate=(">=", 1.0))])
+
+
+def test_bench_all_reads_the_summary_line_and_judges_each_target():
+    out = 'text\n{"bench": "admission"}\n{"not": "last"\n'
+    assert last_json(out) == {"bench": "admission"}
+    rows = evaluate({"http": {"tickets_c8": {"ratio_to_floor": 0.7, "p99_ms": 30},
+                              "floor_c8": {"p99_ms": 25},
+                              "tickets_c32": {"errors": 0}}})  # fmt: skip
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["http.c8_vs_floor"]["met"] is False
+    assert by_name["http.c8_p99_vs_floor_p99"] == {**by_name["http.c8_p99_vs_floor_p99"],
+                                                   "value": 1.2, "met": True}  # fmt: skip
+    assert by_name["http.c32_errors"]["met"] is True
+    assert "error" in by_name["http.c32_vs_floor"]  # missing from the summary: named, not hidden
+    assert "NO" in table(rows)
