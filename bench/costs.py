@@ -6,7 +6,7 @@ Four operations, each N times in this process on ``claimcheck_bench_costs``
 
 - `admission`: `admit_ticket` of a root ticket with a new dedupe key;
 - `turn`: `run_ticket` of such a ticket: start, the `endpoints.demo.echo`
-  runner, finish (the finish opens the ticket's pull delivery);
+  runner inline, finish (the finish opens the ticket's pull delivery);
 - `turn_with_callback`: `run_ticket` of a child with `return_to`: the
   finish also admits the callback ticket;
 - `turn_with_webhook`: `run_ticket` of a root whose requester names a
@@ -61,6 +61,7 @@ from bench import benchlib  # noqa: E402
 DB = "claimcheck_bench_costs"
 ADDRESS = "bench.costs"
 HOME = "bench.costs-home"
+ROOTS = "bench.costs-roots"
 WALDUMP = "/usr/lib/postgresql/15/bin/pg_waldump"
 OPERATIONS = ["admission", "turn", "turn_with_callback", "turn_with_webhook", "delivery"]
 RECORD = re.compile(r"len \(rec/tot\):\s*(\d+)/\s*(\d+), tx:\s*(\d+),.*?desc: (\S+)(.*)$")
@@ -152,6 +153,9 @@ class Meter:
 
     def __init__(self):
         self.statements = 0
+        # Statements that may NOTIFY (their text names pg_notify; a branch
+        # may skip it): an upper bound, beside the notifications counted.
+        self.notifying = 0
 
     def __enter__(self):
         import psycopg
@@ -159,9 +163,15 @@ class Meter:
         meter = self
         plain, many = psycopg.Cursor.execute, psycopg.Cursor.executemany
 
-        def execute(cur, *a, **kw):
+        def execute(cur, query, *a, **kw):
             meter.statements += 1
-            return plain(cur, *a, **kw)
+            text = query if isinstance(query, str | bytes) else repr(query)
+            if (
+                "notify"
+                in (text.decode(errors="replace") if isinstance(text, bytes) else text).lower()
+            ):
+                meter.notifying += 1
+            return plain(cur, query, *a, **kw)
 
         def executemany(cur, *a, **kw):
             meter.statements += 1
@@ -191,7 +201,19 @@ def db_stats(mon, name: str) -> dict[str, int]:
     return dict(zip(keys, row, strict=True))
 
 
-def measure(label: str, n: int, call, args_list: list, mon, dboid: int, wal_dir: str) -> dict:
+CHANNELS = ("claimcheck_dispatch", "claimcheck_ticket")
+
+
+def drain(listener) -> int:
+    """Notifications delivered to ``listener`` since the last drain. A
+    notifying transaction sends at least one: the count bounds the
+    transactions that took the cluster-wide notify lock."""
+    return sum(1 for _ in listener.notifies(timeout=1.0))
+
+
+def measure(
+    label: str, n: int, call, args_list: list, mon, listener, dboid: int, wal_dir: str
+) -> dict:
     """Run ``call(arg)`` for each arg on a fresh Django connection; return
     the per-operation counts."""
     from django.db import connection
@@ -202,6 +224,7 @@ def measure(label: str, n: int, call, args_list: list, mon, dboid: int, wal_dir:
         cur.execute("SELECT pg_backend_pid()")
         pid = cur.fetchone()[0]
     # The pid query's own transaction flushes with the rest: count it out below.
+    drain(listener)
     before = db_stats(mon, benchlib.DB_NAME)
     lsn0 = mon.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
     cpu_db0 = backend_cpu_s(pid)
@@ -222,11 +245,16 @@ def measure(label: str, n: int, call, args_list: list, mon, dboid: int, wal_dir:
     lsn1 = mon.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
     after = db_stats(mon, benchlib.DB_NAME)
     wal = wal_of_database(str(lsn0), str(lsn1), dboid, wal_dir)
+    notifications = drain(listener)
     delta = {k: after[k] - before[k] for k in after}
     delta["commits"] -= 1  # the pg_backend_pid() query's own transaction
     per = {
         "statements": meter.statements / n,
         "commits": delta["commits"] / n,
+        # Transactions that wrote: the commits that wait for a WAL flush.
+        "write_commits": wal["commit_records"] / n,
+        "notifying_statements": meter.notifying / n,
+        "notifications": notifications / n,
         "wal_bytes": wal["bytes"] / n,
         "wal_bytes_without_fpi": wal["bytes_without_fpi"] / n,
         "wal_records": wal["records"] / n,
@@ -265,12 +293,19 @@ def main() -> None:
     from tickets.admission import admit_ticket
     from tickets.models import Delivery, Ticket
 
-    runner = {"kind": "python", "path": "endpoints.demo.echo"}
+    # Inline: the database's work is the same either way, and a forked child's
+    # CPU would not show in this thread's time (bench/turns.py measures what
+    # process isolation adds per turn).
+    runner = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
     ep = create_endpoint(address=ADDRESS, runner=runner)
     create_endpoint(address=HOME, runner=runner)
+    create_endpoint(address=ROOTS, runner=runner)
     benchlib.seed_ledger(ep.id)
     receiver = Receiver()
     mon = psycopg.connect(f"{benchlib.PG_SERVER}/postgres", autocommit=True)
+    listener = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)
+    for channel in CHANNELS:
+        listener.execute(f"LISTEN {channel}")
     published: list[str] = []
     results: dict[str, dict] = {}
     try:
@@ -307,7 +342,7 @@ def main() -> None:
             for item in warm:
                 call(item)
             start = len(published)
-            results[label] = measure(label, len(timed), call, timed, mon, dboid, wal_dir)
+            results[label] = measure(label, len(timed), call, timed, mon, listener, dboid, wal_dir)
             results[label]["broker_messages"] = round((len(published) - start) / len(timed), 3)
             print(f"  {label}: {json.dumps(results[label])}", flush=True)
 
@@ -321,14 +356,22 @@ def main() -> None:
                 .values_list("id", flat=True)
             )
             measured("turn", turn, plain)
-            # A root each: a trace holds at most TRACE_HARD_LIMIT tickets.
+            # A root each (a trace holds at most TRACE_HARD_LIMIT tickets), on an
+            # endpoint of its own that never runs: the measured endpoint's
+            # queue holds only the tickets the loop runs, in order.
             children = [
                 admit(
-                    f"{tag}-child-{i}", parent_id=admit(f"{tag}-root-{i}").ticket.id, return_to=HOME
+                    f"{tag}-child-{i}",
+                    parent_id=admit_ticket(
+                        endpoint=ROOTS, input={"i": i}, dedupe_key=f"{tag}-root-{i}"
+                    ).ticket.id,
+                    return_to=HOME,
                 ).ticket.id
                 for i in range(n + 10)
             ]
             measured("turn_with_callback", turn, children)
+            states = Ticket.objects.filter(id__in=children).values_list("state", flat=True)
+            assert set(states) == {"succeeded"}, sorted(set(states))
             hooked = [
                 admit(
                     f"{tag}-hook-{i}", requester={"name": "bench", "webhook_url": receiver.url}
@@ -351,6 +394,7 @@ def main() -> None:
             assert undelivered == 0, f"{undelivered} deliveries not delivered"
     finally:
         receiver.close()
+        listener.close()
         mon.close()
         connection.close()
         if not args.keep:
@@ -366,8 +410,9 @@ def main() -> None:
         for k in t
     }
     results["webhook_ticket"] = ticket
-    cols = ["statements", "commits", "wal_bytes", "wal_bytes_without_fpi", "buffers",
-            "rows_written", "db_cpu_ms", "worker_cpu_ms", "wall_ms", "broker_messages"]  # fmt: skip
+    cols = ["statements", "commits", "write_commits", "notifications", "wal_bytes",
+            "wal_bytes_without_fpi", "buffers", "rows_written", "db_cpu_ms", "worker_cpu_ms",
+            "wall_ms", "broker_messages"]  # fmt: skip
     print(
         f"\nper operation, mean of {n} (a webhook ticket: admission + turn_with_webhook + delivery)"
     )

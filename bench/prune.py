@@ -104,14 +104,25 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500, help="traces per prune transaction")
     parser.add_argument("--rate", type=float, default=50.0, help="admissions a second")
     parser.add_argument("--quiet-s", type=float, default=30.0, help="each quiet phase")
+    parser.add_argument(
+        "--max-prune-s",
+        type=float,
+        default=3600.0,
+        help="stop the prune after this long (its batches so far are reported)",
+    )
+    parser.add_argument(
+        "--reuse", action="store_true", help="use the database a --keep run left (no seeding)"
+    )
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
+    max_prune_s = max(10.0, min(args.max_prune_s, 4000.0))
     tickets = max(10_000, min(args.tickets, 2_000_000))
     rate = max(1.0, min(args.rate, 500.0))
     quiet_s = max(5.0, min(args.quiet_s, 300.0))
     benchlib.start_wall_clock(WALL_S)
     benchlib.use_database(DB)
-    benchlib.recreate_database()
+    if not args.reuse:
+        benchlib.recreate_database()
     benchlib.setup_django()
 
     from datetime import UTC, datetime, timedelta
@@ -119,36 +130,44 @@ def main() -> None:
     import psycopg
     from django.contrib.auth import get_user_model
     from django.db import connection
+    from django.utils import timezone
 
     from console.keys import create_api_key
     from endpoints.services import create_endpoint
-    from tickets.retention import prune
+    from tickets.retention import COUNTS, KEEP_HISTORY, PruneReport
 
     runner = {"kind": "python", "path": "endpoints.demo.echo"}
-    endpoints = [
-        create_endpoint(address=f"bench.scale-{i:02d}", runner=runner).id
-        for i in range(scale.ENDPOINTS)
-    ]
-    create_endpoint(address=ADDRESS, runner=runner)
-    create_api_key(username="bench-staff", staff=True)
-    users = list(get_user_model().objects.order_by("id").values_list("id", flat=True))
+    if not args.reuse:
+        endpoints = [
+            create_endpoint(address=f"bench.scale-{i:02d}", runner=runner).id
+            for i in range(scale.ENDPOINTS)
+        ]
+        create_endpoint(address=ADDRESS, runner=runner)
+        create_api_key(username="bench-staff", staff=True)
+        users = list(get_user_model().objects.order_by("id").values_list("id", flat=True))
     connection.close()
 
     db = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)
     summary: dict = {"bench": "prune", "tickets": tickets, "batch": args.batch, "rate": rate}
     admitter = None
     try:
-        db.execute(scale.UUID7)
-        db.execute(scale.TEXT)
-        # The newest seeded ticket two days old: all of them past a one-day cutoff.
-        t0 = (datetime.now(UTC) - timedelta(days=2)).isoformat()
-        ctx = {"t0": t0, "step": scale.STEP_S, "queued": 0, "endpoints": endpoints,
-               "users": users, "seq_base": tickets + 1}  # fmt: skip
-        seed_s = scale.seed(
-            db, first=1, last=tickets, ctx=ctx, progress=lambda t: print(t, flush=True)
-        )
+        seed_s = 0.0
+        if args.reuse:
+            tickets = db.execute("SELECT count(*) FROM tickets_ticket").fetchone()[0]
+            summary["tickets"] = tickets
+            print(f"reusing {tickets:,} tickets", flush=True)
+        else:
+            db.execute(scale.UUID7)
+            db.execute(scale.TEXT)
+            # The newest seeded ticket two days old: all past a one-day cutoff.
+            t0 = (datetime.now(UTC) - timedelta(days=2)).isoformat()
+            ctx = {"t0": t0, "step": scale.STEP_S, "queued": 0, "endpoints": endpoints,
+                   "users": users, "seq_base": tickets + 1}  # fmt: skip
+            seed_s = scale.seed(
+                db, first=1, last=tickets, ctx=ctx, progress=lambda t: print(t, flush=True)
+            )
+            print(f"seeded {tickets:,} tickets in {seed_s:.0f} s", flush=True)
         scale.vacuum_analyze(db)
-        print(f"seeded {tickets:,} tickets in {seed_s:.0f} s", flush=True)
         before = relation_sizes(db)
         candidates = db.execute(
             "SELECT tickets FROM claimcheck_prune_ledger(now() - interval '1 day', "
@@ -164,11 +183,32 @@ def main() -> None:
         admitter.stop_flag.wait(quiet_s)
         admitter.phase = "prune"
         result: dict = {}
+        batch_s: list[float] = []
 
         def run_prune() -> None:
+            # tickets.retention.prune's loop, batch by batch, so that each
+            # batch is timed and a budget can end it: the same function call
+            # (claimcheck_prune_ledger) in autocommit, until a batch finds
+            # nothing or the budget is spent.
             try:
                 started = time.perf_counter()
-                report = prune(older_than_days=1, batch=args.batch)
+                cutoff = timezone.now() - timedelta(days=1)
+                report = PruneReport(cutoff=cutoff.isoformat(), dry_run=False)
+                while time.perf_counter() - started < max_prune_s:
+                    t = time.perf_counter()
+                    with connection.cursor() as cur:
+                        cur.execute(
+                            "SELECT * FROM claimcheck_prune_ledger(%s, %s, false, %s)",
+                            [cutoff, args.batch, KEEP_HISTORY],
+                        )
+                        row = dict(zip(COUNTS, cur.fetchone(), strict=True))
+                    batch_s.append(time.perf_counter() - t)
+                    report.batches += 1
+                    for key, value in row.items():
+                        report.counts[key] += int(value or 0)
+                    if not row["traces"]:
+                        result["complete"] = True
+                        break
                 result["s"] = time.perf_counter() - started
                 result["report"] = report
             except BaseException as exc:
@@ -219,11 +259,21 @@ def main() -> None:
     }
     ratio = round(phases["prune"]["p99_ms"] / phases["quiet"]["p99_ms"], 3)
     pruned = report.counts["tickets"]
+    left_none = result.get("complete", False)
     print(
         f"\nprune_ledger --batch {args.batch}: {pruned:,} tickets ({report.counts['traces']:,} "
         f"traces, {report.counts['events']:,} events) in {result['s']:.0f} s, "
         f"{report.batches} batches, {pruned / result['s']:.0f} tickets/s; {left:,} left"
     )
+    if batch_s:
+        first = batch_s[: max(1, len(batch_s) // 10)]
+        last = batch_s[-max(1, len(batch_s) // 10) :]
+        print(
+            f"batch seconds: median {pct(batch_s, 0.5):.2f}, p90 {pct(batch_s, 0.9):.2f}, "
+            f"first tenth mean {sum(first) / len(first):.2f}, last tenth mean "
+            f"{sum(last) / len(last):.2f}"
+            + ("" if left_none else f"; stopped by --max-prune-s {max_prune_s:g} s")
+        )
     print(f"admissions at {rate:g}/s (ms):")
     for name, f in phases.items():
         print(
@@ -245,6 +295,12 @@ def main() -> None:
         batches=report.batches,
         prune_s=round(result["s"], 1),
         tickets_per_s=round(pruned / result["s"], 1),
+        batch_s={
+            "median": round(pct(batch_s, 0.5), 3),
+            "p90": round(pct(batch_s, 0.9), 3),
+            "all": [round(x, 3) for x in batch_s],
+        },  # fmt: skip
+        complete=left_none,
         left=left,
         admission=phases,
         ratio={"prune_p99_vs_quiet_p99": ratio},
