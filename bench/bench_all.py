@@ -206,6 +206,8 @@ def main() -> None:
         parser.error(f"unknown scripts {unknown}; known: {', '.join(SCRIPTS)}")
     started = datetime.now(UTC)
     load_start = os.getloadavg()
+    # The commit under test is the one checked out when the run starts.
+    tested = commit()
     summaries: dict[str, dict] = {}
     runs: dict[str, dict] = {}
     for name in names:
@@ -236,7 +238,7 @@ def main() -> None:
     result = {
         "date": started.isoformat(timespec="seconds"),
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit(),
+        "commit": tested,
         "machine": {
             **machine(),
             "load_start": [round(x, 2) for x in load_start],

@@ -78,10 +78,12 @@ def compare(a: dict, b: dict, noise: dict) -> list[dict]:
     return rows
 
 
-def measure_noise(results: list[dict]) -> dict:
-    """A noise file from runs of the same commit."""
+def measure_noise(results: list[dict], *, mixed_commits: bool = False) -> dict:
+    """A noise file from runs of the same commit (``mixed_commits``: runs of
+    different commits allowed, and their commits recorded: a band measured
+    so is wider than the noise, never narrower, if the code changed)."""
     shas = {r.get("commit", {}).get("sha") for r in results}
-    if len(shas) != 1:
+    if len(shas) != 1 and not mixed_commits:
         raise ValueError(f"noise must be measured on one commit; these runs have {sorted(shas)}")
     bands: dict[str, float] = {}
     spreads: dict[str, list[float]] = {}
@@ -96,10 +98,12 @@ def measure_noise(results: list[dict]) -> dict:
         bands[name] = round(max(MIN_BAND, SAFETY * max(values)), 3)
     return {
         "how": (
-            f"bench/compare.py --measure-noise on {len(results)} runs of one commit: per ratio "
+            f"bench/compare.py --measure-noise on {len(results)} runs of "
+            + ("one commit" if len(shas) == 1 else f"{len(shas)} commits (--mixed-commits)")
+            + ": per ratio "
             f"{SAFETY} x the largest (max - min) / max between two runs, at least {MIN_BAND}"
         ),
-        "commit": next(iter(shas)),
+        "commits": sorted(str(x) for x in shas),
         "runs": [
             {"date": r.get("date"), "machine": r.get("machine"), "sizes": r.get("sizes")}
             for r in results
@@ -131,12 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--noise", type=Path, default=NOISE)
     parser.add_argument("--measure-noise", action="store_true")
+    parser.add_argument("--mixed-commits", action="store_true",
+                        help="with --measure-noise: accept runs of different commits")  # fmt: skip
     args = parser.parse_args(argv)
     results = [json.loads(p.read_text()) for p in args.files]
     if args.measure_noise:
         if len(results) < 2:
             parser.error("--measure-noise needs two or more result files")
-        print(json.dumps(measure_noise(results), indent=1, sort_keys=True))
+        noise = measure_noise(results, mixed_commits=args.mixed_commits)
+        print(json.dumps(noise, indent=1, sort_keys=True))
         return 0
     if len(results) != 2:
         parser.error("compare takes two result files: A (before) and B (after)")

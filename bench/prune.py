@@ -24,6 +24,7 @@ import json
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -76,10 +77,11 @@ class Admitter(threading.Thread):
         from tickets.admission import admit_ticket
 
         i = 0
+        tag = uuid.uuid4().hex[:8]  # new keys on a reused ledger too
         next_at = time.perf_counter()
         try:
             while not self.stop_flag.is_set():
-                key = f"prune-bench-{i}"
+                key = f"prune-bench-{tag}-{i}"
                 started = time.perf_counter()
                 admitted = admit_ticket(endpoint=ADDRESS, input={"key": key}, dedupe_key=key)
                 took = time.perf_counter() - started

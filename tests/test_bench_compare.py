@@ -67,8 +67,11 @@ def test_noise_is_measured_on_one_commit_only():
     noise = compare.measure_noise(runs)
     # 1.5 x the 10 % spread; an identical count gets the floor.
     assert noise["bands"] == {"rate": 0.15, "n": compare.MIN_BAND}
+    mixed = [result("a", rate=(">=", 1.0)), result("b", rate=(">=", 1.0))]
     with pytest.raises(ValueError, match="one commit"):
-        compare.measure_noise([result("a", rate=(">=", 1.0)), result("b", rate=(">=", 1.0))])
+        compare.measure_noise(mixed)
+    # Allowed only when asked, and then the file names both commits.
+    assert compare.measure_noise(mixed, mixed_commits=True)["commits"] == ["a", "b"]
 
 
 def test_bench_all_reads_the_summary_line_and_judges_each_target():
