@@ -358,7 +358,7 @@ def trace_tree(trace_id: str, *, user) -> tuple[dict[str, Any], list[TraceRow]]:
 
 def _add_trace_details(rows: list[TraceRow], *, user) -> None:
     """Each row's ticket (times, its turn), its kind (root, child, callback,
-    re-run), its open case if the user may see it, and the breaker's warning
+    re-run, retry), its open case if the user may see it, and the breaker's warning
     on the trace. All reads are by ticket id within one trace, which holds at
     most TRACE_HARD_LIMIT tickets."""
     from tickets.models import TicketEvent  # noqa: PLC0415
@@ -374,6 +374,7 @@ def _add_trace_details(rows: list[TraceRow], *, user) -> None:
             "finished_at",
             "callback_for_id",
             "rerun_of_id",
+            "retry_of_id",
             "parent_id",
             "state",
             "turn__started_at",
@@ -402,6 +403,8 @@ def _add_trace_details(rows: list[TraceRow], *, user) -> None:
             row.kind = "callback"
         elif ticket.rerun_of_id:
             row.kind = "re-run"
+        elif ticket.retry_of_id:
+            row.kind = "retry"
         elif ticket.parent_id:
             row.kind = "child"
         else:

@@ -12,6 +12,7 @@ urlpatterns = [
     path("tickets/<uuid:ticket_id>/", views.ticket_detail, name="ticket_detail"),
     path("tickets/<uuid:ticket_id>/cancel/", views.ticket_cancel, name="ticket_cancel"),
     path("tickets/<uuid:ticket_id>/approve/", views.ticket_approve, name="ticket_approve"),
+    path("tickets/<uuid:ticket_id>/retry/", views.ticket_retry, name="ticket_retry"),
     path("tickets/<uuid:ticket_id>/obligation/", views.ticket_obligation, name="ticket_obligation"),
     # A trace id is any 1 to 64 printable characters, "/" included.
     path("traces/<path:trace_id>/", views.trace_detail, name="trace_detail"),

@@ -10,6 +10,7 @@ the view renders alone (``page.html#region``) when htmx asks for it.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 from functools import wraps
@@ -33,7 +34,7 @@ from health.checks import readiness
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery_services
 from recovery.models import CaseState
-from tickets import delivery, lifecycle, obligations
+from tickets import delivery, lifecycle, obligations, retry
 from tickets import selectors as ticket_selectors
 from tickets.models import DeliveryState, ObligationState, TicketState
 
@@ -194,7 +195,36 @@ def ticket_list(request):
     )
 
 
-BULK_ACTIONS = {"approve", "cancel"}
+BULK_ACTIONS = {"approve", "cancel", "retry"}
+BULK_VERBS = {
+    "approve": "approved",
+    "cancel": "cancelled (or asked to stop)",
+    "retry": "retried as new tickets",
+}
+
+
+def _retry_changes(post) -> tuple[dict | None, int | None]:
+    """The optional input and budget a retry form gives: blank means keep
+    the ticket's input and the endpoint's budget. Invalid on bad JSON."""
+    raw_input = post.get("input", "").strip()
+    raw_budget = post.get("budget_s", "").strip()
+    new_input = None
+    if raw_input:
+        try:
+            new_input = json.loads(raw_input)
+        except ValueError as exc:
+            raise Invalid(f"the input is not JSON: {exc}") from None
+        if not isinstance(new_input, dict):
+            raise Invalid("the input must be a JSON object")
+    budget = None
+    if raw_budget:
+        try:
+            budget = int(raw_budget)
+        except ValueError:
+            raise Invalid("the budget is a whole number of seconds") from None
+    return new_input, budget
+
+
 BULK_MAX = TICKETS_PAGE
 
 
@@ -214,7 +244,7 @@ def ticket_bulk(request):
         back = reverse("ticket_list")
     problems = []
     if action not in BULK_ACTIONS:
-        problems.append("Choose approve or cancel.")
+        problems.append("Choose approve, cancel or retry.")
     if not reason:
         problems.append("A reason is required: it is recorded on every ticket's timeline.")
     if not raw_ids:
@@ -223,6 +253,12 @@ def ticket_bulk(request):
         problems.append(f"Select at most {BULK_MAX} tickets at once.")
     if len(reason) > 2000:
         problems.append("The reason is at most 2000 characters.")
+    new_input = budget = None
+    if action == "retry":
+        try:
+            new_input, budget = _retry_changes(request.POST)
+        except Invalid as exc:
+            problems.append(exc.detail)
     if problems:
         for problem in problems:
             messages.error(request, problem)
@@ -238,6 +274,14 @@ def ticket_bulk(request):
         try:
             if action == "approve":
                 delivery.approve_ticket(ticket_id=ticket.id, user=request.user, reason=reason)
+            elif action == "retry":
+                retry.retry_ticket(
+                    ticket_id=ticket.id,
+                    user=request.user,
+                    reason=reason,
+                    input=new_input,
+                    budget_s=budget,
+                )
             else:
                 lifecycle.cancel_ticket(
                     ticket_id=ticket.id, actor=f"user:{request.user.username}", reason=reason
@@ -246,7 +290,7 @@ def ticket_bulk(request):
             refused.append(f"…{str(ticket.id)[-8:]}: {exc.detail}")
         else:
             done += 1
-    verb = "approved" if action == "approve" else "cancelled (or asked to stop)"
+    verb = BULK_VERBS[action]
     if done:
         messages.success(request, f"{done} ticket{'s' if done != 1 else ''} {verb}.")
     for line in refused:
@@ -261,6 +305,8 @@ def _ticket_context(
     approve_error: str | None = None,
     obligation_error: str | None = None,
     cancel_error: str | None = None,
+    retry_error: str | None = None,
+    retry_form: dict | None = None,
 ) -> dict:
     live_token = ticket_selectors.change_token(ticket_id)  # before what it covers
     try:
@@ -289,6 +335,15 @@ def _ticket_context(
         .order_by("-opened_at")
         .first(),
         "cancel_error": cancel_error,
+        # An owner, or the submitter for their own ticket, may retry it once.
+        "can_retry": ticket.state in retry.RETRYABLE
+        and not ticket.callback_for_id
+        and not detail.payload["retry"]
+        and (ticket.submitted_by_id == request.user.pk or is_owner(request.user, ticket.endpoint)),
+        "retry_error": retry_error,
+        # What the owner typed, kept when the service refuses it.
+        "retry_form": retry_form
+        or {"input": json.dumps(ticket.input, indent=2, sort_keys=True), "budget_s": ""},
         "live_token": live_token,
     }
 
@@ -348,6 +403,32 @@ def ticket_cancel(request, ticket_id):
         context = _ticket_context(request, ticket.id)
         return page(request, "console/ticket_detail.html", context, region="ticket")
     return redirect("ticket_detail", ticket_id=ticket.id)
+
+
+@login_required
+@require_POST
+def ticket_retry(request, ticket_id):
+    """Retry a failed, cancelled or orphaned ticket as a new one (with the
+    input and budget the form gives, or the original's); the service decides
+    who may and refuses with the reason, shown in the form."""
+    ticket = _visible_ticket(request, ticket_id)
+    form = {"input": request.POST.get("input", ""), "budget_s": request.POST.get("budget_s", "")}
+    try:
+        new_input, budget = _retry_changes(request.POST)
+        new = retry.retry_ticket(
+            ticket_id=ticket.id,
+            user=request.user,
+            reason=request.POST.get("reason", ""),
+            input=new_input,
+            budget_s=budget,
+        )
+    except DomainError as exc:
+        context = _ticket_context(request, ticket.id, retry_error=exc.detail, retry_form=form)
+        return page(request, "console/ticket_detail.html", context, region="ticket", status=REFUSED)
+    messages.success(request, f"Retried as ticket {new.id}.")
+    if request.htmx:
+        return HttpResponseClientRedirect(reverse("ticket_detail", args=[new.id]))
+    return redirect("ticket_detail", ticket_id=new.id)
 
 
 @login_required

@@ -16,7 +16,7 @@ from config.errors import Invalid
 from config.schemas import Strict
 from config.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
 
-from . import admission, delivery, lifecycle, obligations, selectors, traces, waits
+from . import admission, delivery, lifecycle, obligations, retry, selectors, traces, waits
 from .models import TERMINAL_STATES, Ticket
 from .ports import endpoint_directory
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
@@ -194,6 +194,27 @@ def approve(request: HttpRequest, ticket_id: str):
     ticket = visible(request, ticket_id)
     delivery.approve_ticket(ticket_id=ticket.id, user=request.user)
     return selectors.ticket_payload(selectors.get_ticket(ticket.id))
+
+
+class RetryIn(Strict):
+    reason: str = Field(min_length=1, max_length=retry.REASON_CHARS)
+    input: dict[str, Any] | None = None
+    budget_s: int | None = Field(default=None, ge=1, strict=True)
+
+
+@router.post("/{ticket_id}/retry", response={201: TicketOut})
+def retry_ticket(request: HttpRequest, ticket_id: str, payload: RetryIn):
+    """A failed, cancelled or orphaned ticket admitted again as a new ticket
+    (``retry_of`` names the original), by an owner or its submitter."""
+    ticket = visible(request, ticket_id)
+    new = retry.retry_ticket(
+        ticket_id=ticket.id,
+        user=request.user,
+        reason=payload.reason,
+        input=payload.input,
+        budget_s=payload.budget_s,
+    )
+    return Status(201, selectors.ticket_payload(new))
 
 
 class AckIn(Strict):

@@ -136,6 +136,22 @@ class Ticket(models.Model):
         related_name="reruns",
         db_index=False,
     )
+    # For a retry (tickets/retry.py): the failed, cancelled or orphaned ticket
+    # it retries. One retry per ticket (a second retry retries the retry), so
+    # a repeated click converges on the first instead of admitting twice.
+    # The partial unique constraint ticket_retry_of_unique (Meta) holds it
+    # and indexes only the tickets that are retries.
+    retry_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="retries",
+        db_index=False,
+    )
+    # A per-ticket turn budget in seconds, at most the endpoint's (a retry
+    # may ask for less): the turn's deadline is the smaller of the two.
+    budget_s = models.PositiveIntegerField(null=True, blank=True)
     # For a callback ticket: the ticket whose completion it reports.
     callback_for = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="callback_ticket"
@@ -204,6 +220,15 @@ class Ticket(models.Model):
             models.CheckConstraint(
                 condition=Q(obligation_state__in=ObligationState.values),
                 name="ticket_obligation_state_valid",
+            ),
+            models.UniqueConstraint(
+                fields=["retry_of"],
+                name="ticket_retry_of_unique",
+                condition=Q(retry_of__isnull=False),
+            ),
+            models.CheckConstraint(
+                condition=Q(budget_s__isnull=True) | Q(budget_s__gte=1),
+                name="ticket_budget_s_positive",
             ),
         ]
         indexes = [

@@ -51,6 +51,9 @@ class TicketOut(Out):
     turn: TurnRef | None = None
     completed_by_turn: str | None = None
     rerun_of: str | None = None
+    retry_of: str | None = None
+    retry: str | None = None
+    budget_s: int | None = None
     return_to: ReturnToOut | None = None
     requester: dict[str, Any]
     callback: CallbackOut
@@ -83,6 +86,7 @@ class LineageNode(Out):
     endpoint: str
     state: str
     depth: int
+    retry_of: str | None = None
 
 
 class LineageOut(Out):

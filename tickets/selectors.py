@@ -10,7 +10,7 @@ from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from config.errors import Invalid, NotFound
 
-from .models import CallbackState, DeliveryState, Ticket, TicketEvent
+from .models import CallbackState, DeliveryState, Ticket, TicketEvent, TicketState
 from .ports import endpoint_directory
 
 MAX_PAGE = 200
@@ -93,6 +93,10 @@ def ticket_payload(ticket: Ticket, *, duplicate: bool = False) -> dict[str, Any]
         callback_ticket = (
             Ticket.objects.filter(callback_for_id=ticket.id).values_list("id", flat=True).first()
         )
+    # Only a failed, cancelled or orphaned ticket can have been retried.
+    retry = None
+    if ticket.state in (TicketState.FAILED, TicketState.CANCELLED, TicketState.ORPHANED):
+        retry = Ticket.objects.filter(retry_of_id=ticket.id).values_list("id", flat=True).first()
     attempts = 0
     if ticket.delivery_state != DeliveryState.NONE:
         from .models import Delivery
@@ -118,6 +122,9 @@ def ticket_payload(ticket: Ticket, *, duplicate: bool = False) -> dict[str, Any]
         if ticket.completed_by_turn_id
         else None,
         "rerun_of": str(ticket.rerun_of_id) if ticket.rerun_of_id else None,
+        "retry_of": str(ticket.retry_of_id) if ticket.retry_of_id else None,
+        "retry": str(retry) if retry else None,
+        "budget_s": ticket.budget_s,
         "return_to": (
             {"endpoint": ticket.return_to.address, "continuation": ticket.continuation}
             if ticket.return_to_id
@@ -157,7 +164,6 @@ def decode_cursor(cursor: str) -> uuid.UUID:
 def _listed(user, *, endpoint_id: int | None, state: str | None, limit: int) -> QuerySet[Ticket]:
     """What the API's list and the console's search share: the page size
     checked, the tickets ``user`` may see, by endpoint and state."""
-    from .models import TicketState  # noqa: PLC0415
 
     if not 1 <= limit <= MAX_PAGE:
         raise Invalid(f"limit must be between 1 and {MAX_PAGE}")
@@ -216,7 +222,7 @@ def lineage(ticket: Ticket, *, user) -> dict[str, Any]:
         .filter(trace_id=ticket.trace_id)
         .select_related("endpoint")
         .order_by("id")
-        .only("id", "parent_id", "endpoint__address", "state", "depth", "trace_id")
+        .only("id", "parent_id", "retry_of_id", "endpoint__address", "state", "depth", "trace_id")
     )
     roots = [n for n in nodes if n.parent_id is None]
     return {
@@ -229,6 +235,7 @@ def lineage(ticket: Ticket, *, user) -> dict[str, Any]:
                 "endpoint": n.endpoint.address,
                 "state": n.state,
                 "depth": n.depth,
+                "retry_of": str(n.retry_of_id) if n.retry_of_id else None,
             }
             for n in nodes
         ],

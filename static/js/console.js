@@ -282,13 +282,27 @@
       return;
     }
     if (!action || !reason) return; // the browser's own required-field check says why
-    var what = action === "approve"
-      ? "Approve " + picked + " ticket(s): each result is released for delivery to its requester."
-      : "Cancel " + picked + " ticket(s): queued or waiting ones are cancelled now, running ones are asked to stop.";
-    if (!window.confirm(what + " Tickets that cannot be " + (action === "approve" ? "approved" : "cancelled") +
+    var texts = {
+      approve: ["Approve " + picked + " ticket(s): each result is released for delivery to its requester.", "approved"],
+      cancel: ["Cancel " + picked + " ticket(s): queued or waiting ones are cancelled now, running ones are asked to stop.", "cancelled"],
+      retry: ["Retry " + picked + " ticket(s): each failed, cancelled or orphaned one is admitted again as a new ticket" +
+        (form.elements.input && form.elements.input.value.trim() ? " with the input given" : "") + ".", "retried"]
+    };
+    var what = texts[action] || texts.cancel;
+    if (!window.confirm(what[0] + " Tickets that cannot be " + what[1] +
         " are refused one by one. Reason recorded: \u201c" + reason + "\u201d")) {
       event.preventDefault();
     }
+  });
+
+  // Select all: ticks (or clears) every ticket box of the bulk form shown.
+  document.addEventListener("change", function (event) {
+    var all = event.target;
+    if (!all.matches || !all.matches("input[data-select-all]")) return;
+    var formId = all.getAttribute("data-select-all");
+    document.querySelectorAll('input[name="ticket"][form="' + formId + '"]').forEach(function (box) {
+      box.checked = all.checked;
+    });
   });
 
   function addCopyButtons(root) {

@@ -14,7 +14,7 @@ import httpx
 from . import _common
 from ._retry import Attempts, RetryPolicy
 from .client import IdLike
-from .errors import ClaimcheckError
+from .errors import ClaimcheckError, InvalidTransition
 from .models import Event, Lineage, ReturnTo, Ticket, Turn
 
 
@@ -182,6 +182,34 @@ class AsyncClient:
         except ClaimcheckError as exc:
             if _common.already_done(exc, delivery="delivered"):
                 return await self.get(ticket_id)
+            raise
+        return Ticket.from_json(data)
+
+    async def retry(
+        self,
+        ticket_id: IdLike,
+        *,
+        reason: str,
+        input: dict[str, Any] | None = None,  # noqa: A002 - the API's name
+        budget_s: int | None = None,
+    ) -> Ticket:
+        """Retry a failed, cancelled or orphaned ticket as a new ticket
+        (``retry_of`` names the original); ``input`` and ``budget_s``
+        (at most the endpoint's budget) change what the retry runs. A ticket
+        is retried once: after an attempt whose answer was lost, the 409
+        "already retried" is answered with that retry."""
+        body: dict[str, Any] = {"reason": reason}
+        if input is not None:
+            body["input"] = input
+        if budget_s is not None:
+            body["budget_s"] = budget_s
+        try:
+            data = await self._request("POST", f"/tickets/{ticket_id}/retry", json=body)
+        except ClaimcheckError as exc:
+            if exc.ambiguous and isinstance(exc, InvalidTransition):
+                original = await self.get(ticket_id)
+                if original.retry:
+                    return await self.get(original.retry)
             raise
         return Ticket.from_json(data)
 

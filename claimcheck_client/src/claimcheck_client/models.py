@@ -106,6 +106,9 @@ class Ticket:
     created_at: datetime | None
     updated_at: datetime | None
     duplicate: bool = False
+    # A retry names the ticket it retries; a retried ticket names its retry.
+    retry_of: str | None = None
+    retry: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -146,6 +149,8 @@ class Ticket:
             created_at=parse_time(data.get("created_at")),
             updated_at=parse_time(data.get("updated_at")),
             duplicate=bool(data.get("duplicate", False)),
+            retry_of=_opt_str(data.get("retry_of")),
+            retry=_opt_str(data.get("retry")),
             raw=data,
         )
 
