@@ -4,6 +4,8 @@ recovery service's decision, not the form's."""
 
 from __future__ import annotations
 
+import json
+
 from django import forms
 
 from config import limits
@@ -26,8 +28,8 @@ ACTION_CHOICES = [
     ),
     (
         DecisionAction.AUTHORIZE_RERUN,
-        "authorize_rerun — orphan it and admit a re-run under a new identity: the same "
-        "input, on the same endpoint with its current budget",
+        "authorize_rerun — orphan it and admit a re-run under a new identity, with the "
+        "input and budget below",
     ),
     (DecisionAction.KEEP_QUARANTINED, "keep_quarantined — change nothing; the case stays open"),
     (DecisionAction.RELEASE, "release — the turn is proven ended (needs evidence); ticket fails"),
@@ -49,10 +51,41 @@ class DecisionForm(forms.Form):
         help_text="Required to release: what shows the uncertain turn ended.",
     )
 
-    def __init__(self, *args, inspections, **kwargs):
+    rerun_input = forms.CharField(
+        label="Re-run input (JSON object)",
+        widget=forms.Textarea(attrs={"rows": 4, "class": "mono"}),
+        required=False,
+        max_length=limits.TEXT_CHARS * 40,
+        help_text="authorize_rerun only: what the re-run gets; blank keeps the original's.",
+    )
+    rerun_budget_s = forms.IntegerField(
+        label="Re-run turn budget, seconds",
+        required=False,
+        min_value=1,
+        help_text="authorize_rerun only: blank keeps the endpoint's budget.",
+    )
+
+    def __init__(self, *args, inspections, budget_cap: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         # Only this case's inspections: a decision must rest on one of them.
         self.fields["inspection"].queryset = inspections
+        if budget_cap is not None:
+            self.fields["rerun_budget_s"].widget.attrs["max"] = int(budget_cap)
+            self.fields[
+                "rerun_budget_s"
+            ].help_text = f"authorize_rerun only: blank keeps the endpoint's {budget_cap:g} s."
+
+    def clean_rerun_input(self):
+        raw = self.cleaned_data["rerun_input"].strip()
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise forms.ValidationError(f"not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("the input must be a JSON object")
+        return value
 
 
 class LessonForm(forms.Form):

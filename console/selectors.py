@@ -580,3 +580,31 @@ def case_detail(case: RecoveryCase) -> CaseDetail:
 def case_inspections(case_id: uuid.UUID):
     """The inspections a decision on this case may rest on (form choices)."""
     return Inspection.objects.filter(case_id=case_id).order_by("-created_at")
+
+
+def rerun_warning(case: RecoveryCase) -> dict[str, Any] | None:
+    """When the case's turn was quarantined for overrunning its budget, what
+    a re-run with the same input and budget repeats: that budget, and the
+    last outcome of that input on the endpoint (its newest ticket with the
+    same input hash). The case's own ticket matches, so the newest-first
+    walk of the endpoint's tickets stops at or before it: bounded by the
+    tickets admitted since."""
+    turn = case.turn
+    if turn is None or turn.interrupt_reason != "deadline":
+        return None
+    ticket = case.ticket
+    last = (
+        Ticket.objects.filter(
+            endpoint_id=case.endpoint_id, input_sha256=ticket.input_sha256, id__gte=ticket.id
+        )
+        .select_related("turn")
+        .order_by("-id")
+        .first()
+    )
+    return {
+        "seq": turn.seq,
+        "budget_s": round((turn.deadline_at - turn.started_at).total_seconds()),
+        "input": ticket.input,
+        "last": last,
+        "last_turn": last.turn if last is not None and last.turn_id else None,
+    }

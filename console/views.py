@@ -631,8 +631,12 @@ def _case_context(
     }
     if can_act:  # forms exist only for owners; the POST views check again
         context["decision_form"] = decision_form or DecisionForm(
-            inspections=selectors.case_inspections(case.id), prefix="decision"
+            inspections=selectors.case_inspections(case.id),
+            prefix="decision",
+            budget_cap=case.endpoint.turn_budget_s,
+            initial={"rerun_input": json.dumps(case.ticket.input, indent=2, sort_keys=True)},
         )
+        context["rerun_warning"] = selectors.rerun_warning(case)
         context["lesson_form"] = lesson_form or LessonForm(prefix="lesson")
         context["inspect_error"] = inspect_error
     return context
@@ -680,12 +684,23 @@ def case_inspect(request, case_id):
     return _after_action(request, case)
 
 
+def _rerun_changes(data: dict) -> dict:
+    """The re-run's input and budget, for authorize_rerun only: the fields
+    are prefilled for it and mean nothing to the other actions."""
+    if data["action"] != "authorize_rerun":
+        return {}
+    return {"rerun_input": data["rerun_input"], "rerun_budget_s": data["rerun_budget_s"]}
+
+
 @login_required
 @require_POST
 def case_decide(request, case_id):
     case = _case_for_owner(request, case_id)
     form = DecisionForm(
-        request.POST, inspections=selectors.case_inspections(case.id), prefix="decision"
+        request.POST,
+        inspections=selectors.case_inspections(case.id),
+        prefix="decision",
+        budget_cap=case.endpoint.turn_budget_s,
     )
     if form.is_valid():
         try:
@@ -696,6 +711,7 @@ def case_decide(request, case_id):
                 inspection_id=form.cleaned_data["inspection"].id,
                 rationale=form.cleaned_data["rationale"],
                 evidence=form.cleaned_data["evidence"],
+                **_rerun_changes(form.cleaned_data),
             )
         except DomainError as exc:
             form.add_error(None, exc.detail)

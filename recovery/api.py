@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
@@ -26,6 +26,10 @@ class DecisionIn(Strict):
     inspection: str | None = Field(default=None, max_length=100)
     rationale: str | None = None
     evidence: str | None = None
+    # authorize_rerun only: what the re-run runs instead of the original's
+    # input, and its turn budget (at most the endpoint's).
+    input: dict[str, Any] | None = None
+    budget_s: int | None = Field(default=None, ge=1, strict=True)
 
 
 class StopProcessIn(Strict):
@@ -66,6 +70,8 @@ def decide(request: HttpRequest, case_id: str, payload: DecisionIn):
         inspection_id=payload.inspection,
         rationale=payload.rationale,
         evidence=payload.evidence,
+        rerun_input=payload.input,
+        rerun_budget_s=payload.budget_s,
     )
     return Status(201, selectors.decision_payload(decision))
 

@@ -33,6 +33,7 @@ from tickets import lifecycle
 from tickets.admission import admit_ticket
 from tickets.ids import new_id
 from tickets.models import Ticket, TicketState
+from tickets.retry import check_budget
 
 from .models import (
     CaseEvidence,
@@ -148,11 +149,20 @@ def rerun_key(base: str, n: int) -> str:
     return key
 
 
-def _admit_rerun(*, original: Ticket, address: str, actor: str) -> Ticket:
+def _admit_rerun(
+    *,
+    original: Ticket,
+    address: str,
+    actor: str,
+    input: dict[str, Any] | None = None,  # noqa: A002 - the contract's name
+    budget_s: int | None = None,
+) -> Ticket:
     """A new ticket with a new identity: new id, new dedupe key, parent = the
     original (so the same trace, one deeper, counted by the trace's circuit
-    breaker), same input, endpoint and requester. Admission publishes it
-    after commit like any other ticket."""
+    breaker), the original's input unless the owner gave another, same
+    endpoint and requester, and the owner's per-ticket budget if any (set in
+    this transaction, before the dispatcher is woken at commit). Admission
+    publishes it after commit like any other ticket."""
     base = original.dedupe_key or str(original.id)
     n = (
         Decision.objects.filter(
@@ -167,7 +177,7 @@ def _admit_rerun(*, original: Ticket, address: str, actor: str) -> Ticket:
     key = rerun_key(base, n)
     admitted = admit_ticket(
         endpoint=address,
-        input=original.input,
+        input=original.input if input is None else input,
         dedupe_key=key,
         parent_id=original.id,
         rerun_of_id=original.id,
@@ -186,6 +196,14 @@ def _admit_rerun(*, original: Ticket, address: str, actor: str) -> Ticket:
             f"dedupe key {key!r} was taken meanwhile by ticket {admitted.ticket.id}",
             ticket=str(admitted.ticket.id),
         )
+    if budget_s is not None:
+        lifecycle.update_fields(
+            ticket_id=admitted.ticket.id,
+            kind="budget_set",
+            actor=actor,
+            detail={"budget_s": budget_s},
+            budget_s=budget_s,
+        )
     return admitted.ticket
 
 
@@ -197,6 +215,8 @@ def decide(
     inspection_id: uuid.UUID | str | None,
     rationale: str | None,
     evidence: str | None = "",
+    rerun_input: dict[str, Any] | None = None,
+    rerun_budget_s: int | None = None,
 ) -> Decision:
     """Record an owner's decision on an open case and carry it out.
 
@@ -209,7 +229,9 @@ def decide(
          the endpoint leaves quarantine, ticket ``recovering -> orphaned``
          with no result.
        - ``authorize_rerun``: as finalize, plus a re-run ticket (new identity,
-         parent = the original) admitted and dispatched after commit.
+         parent = the original) admitted and dispatched after commit, with
+         ``rerun_input`` instead of the original's input and
+         ``rerun_budget_s`` (at most the endpoint's budget) if given.
        - ``release``: the turn is closed ``stopped`` on the owner's evidence,
          the endpoint leaves quarantine, ticket ``recovering -> failed``.
        Every action but ``keep_quarantined`` moves the case ``open -> decided``.
@@ -222,6 +244,13 @@ def decide(
     rationale = _text(rationale, "rationale")
     evidence = _text(evidence, "evidence", required=action == DecisionAction.RELEASE)
     inspection = _inspection_of(case, inspection_id)
+    if action != DecisionAction.AUTHORIZE_RERUN and (
+        rerun_input is not None or rerun_budget_s is not None
+    ):
+        raise Invalid("input and budget_s change a re-run: only authorize_rerun takes them")
+    if rerun_input is not None and not isinstance(rerun_input, dict):
+        raise Invalid("input must be a JSON object")
+    rerun_budget_s = check_budget(rerun_budget_s, case.endpoint)
     actor = actor_name(user)
     username = user.get_username()
     decision_id = new_id()
@@ -269,7 +298,13 @@ def decide(
                 turn_id=case.turn_id, resolution=TurnState.UNRESOLVED, actor=actor
             )
             if action == DecisionAction.AUTHORIZE_RERUN:
-                rerun = _admit_rerun(original=ticket, address=case.endpoint.address, actor=actor)
+                rerun = _admit_rerun(
+                    original=ticket,
+                    address=case.endpoint.address,
+                    actor=actor,
+                    input=rerun_input,
+                    budget_s=rerun_budget_s,
+                )
                 refs["rerun_ticket"] = str(rerun.id)
             lifecycle.transition(
                 ticket_id=ticket.id,

@@ -378,3 +378,42 @@
     if (help && dialog) help.addEventListener("click", function () { dialog.showModal(); });
   });
 })();
+
+// The re-run warning (case page): shown while the re-run would repeat the
+// input and budget of a turn that overran; hidden once either is changed.
+(function () {
+  function canonical(value) {
+    if (Array.isArray(value)) return "[" + value.map(canonical).join(",") + "]";
+    if (value && typeof value === "object") {
+      return "{" + Object.keys(value).sort().map(function (k) {
+        return JSON.stringify(k) + ":" + canonical(value[k]);
+      }).join(",") + "}";
+    }
+    return JSON.stringify(value);
+  }
+  function update(form) {
+    var warning = form.querySelector("#rerun-warning");
+    if (!warning) return;
+    var repeated = true;
+    var input = form.elements["decision-rerun_input"];
+    var budget = form.elements["decision-rerun_budget_s"];
+    if (input && input.value.trim()) {
+      try {
+        repeated = canonical(JSON.parse(input.value)) ===
+          canonical(JSON.parse(form.getAttribute("data-repeat-input")));
+      } catch (e) { repeated = true; /* not JSON yet: the form will say so */ }
+    }
+    if (repeated && budget && budget.value.trim()) {
+      repeated = Number(budget.value) >= Number(form.getAttribute("data-repeat-budget"));
+    }
+    warning.hidden = !repeated;
+  }
+  document.addEventListener("input", function (event) {
+    var form = event.target.form;
+    if (form && form.id === "decision-form") update(form);
+  });
+  document.addEventListener("htmx:afterSwap", function () {
+    var form = document.getElementById("decision-form");
+    if (form) update(form);
+  });
+})();
