@@ -54,8 +54,8 @@ class DecisionForm(forms.Form):
     rerun_input = forms.CharField(
         label="Re-run input (JSON object)",
         widget=forms.Textarea(attrs={"rows": 4, "class": "mono"}),
+        # No cap of its own: admission holds the input to TICKET_MAX_INPUT_BYTES.
         required=False,
-        max_length=limits.TEXT_CHARS * 40,
         help_text="authorize_rerun only: what the re-run gets; blank keeps the original's.",
     )
     rerun_budget_s = forms.IntegerField(

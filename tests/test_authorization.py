@@ -27,6 +27,7 @@ from endpoints.services import create_endpoint
 from recovery import services as recovery_services
 from recovery.models import DecisionAction
 from tests.conftest import wait_for
+from tickets import lifecycle
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
@@ -105,6 +106,16 @@ class World:
             return ticket
 
         return self.once("pull", make)
+
+    def cancelled(self) -> Ticket:
+        """The submitter's ticket, cancelled while queued: retryable."""
+
+        def make():
+            ticket = self.admit(self.endpoint("m.ep"))
+            lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="matrix")
+            return ticket
+
+        return self.once("cancelled", make)
 
     def turn(self, name: str = "turn") -> runtime.Started:
         """A running turn (started, its runner not run) and its token."""
@@ -331,6 +342,11 @@ MATRIX: dict[tuple[str, str], Row] = {
     ),
     ("POST", "/tickets/{ticket_id}/cancel"): Row(
         lambda w: (f"/tickets/{w.ticket().id}/cancel", None), SEES_TICKET
+    ),
+    # A retry: the endpoint's owners, staff, and the submitter for their own.
+    ("POST", "/tickets/{ticket_id}/retry"): Row(
+        lambda w: (f"/tickets/{w.cancelled().id}/retry", {"reason": "matrix"}),
+        _statuses(stranger=404, submitter=201, owner=201, staff=201),
     ),
     ("POST", "/tickets/{ticket_id}/approve"): Row(
         lambda w: (f"/tickets/{w.gated().id}/approve", None), OWNER_ACTION
@@ -602,6 +618,13 @@ CONSOLE: dict[str, tuple[str, Callable[[World], str], dict, dict[str, int]]] = {
         HX,
         dict(stranger=404, submitter=200, owner=200, staff=200),
     ),
+    # Retry follows the API: the owners, staff, and the submitter for their own.
+    "retry": (
+        "POST",
+        lambda w: f"/tickets/{w.cancelled().id}/retry/",
+        HX,
+        dict(stranger=404, submitter=200, owner=200, staff=200),
+    ),
     "obligation": (
         "POST",
         lambda w: f"/tickets/{w.ticket().id}/obligation/",
@@ -625,7 +648,11 @@ def test_console_matrix(client, name, actor):
     url = url_of(world)
     if actor != "anonymous":
         client.force_login(world.users[actor])
-    data = {"obligation": {"note": "on it"}, "cancel": {"reason": "not needed"}}.get(name, {})
+    data = {
+        "obligation": {"note": "on it"},
+        "cancel": {"reason": "not needed"},
+        "retry": {"reason": "try again"},
+    }.get(name, {})
     # An anonymous htmx request is redirected client-side; plain requests 302.
     response = getattr(client, method.lower())(
         url, data, **({} if actor == "anonymous" else headers)

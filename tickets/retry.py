@@ -17,6 +17,7 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
+from config import limits
 from config.errors import Forbidden, Invalid, InvalidTransition
 
 from . import lifecycle
@@ -28,7 +29,7 @@ from .selectors import get_visible_ticket
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({TicketState.FAILED, TicketState.CANCELLED, TicketState.ORPHANED})
-REASON_CHARS = 2000
+REASON_CHARS = limits.NOTE_CHARS
 
 
 def check_budget(budget_s: Any, endpoint: Any) -> int | None:

@@ -136,7 +136,7 @@ def test_bulk_needs_a_reason_and_a_selection(client):
     client.force_login(world.users["owner"])
     assert "A reason is required" in rows(bulk(client, "cancel", [queued], reason="  "))
     assert "Select at least one ticket" in rows(bulk(client, "cancel", []))
-    assert "Choose approve or cancel" in rows(bulk(client, "delete", [queued]))
+    assert "Choose approve, cancel or retry" in rows(bulk(client, "delete", [queued]))
     queued.refresh_from_db()
     assert queued.state == TicketState.QUEUED
     assert client.get("/tickets/bulk/").status_code == 405
