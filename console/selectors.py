@@ -147,26 +147,61 @@ def overdue_obligations(*, user, limit: int = 20) -> list[Ticket]:
     )
 
 
-def last_hour(*, user) -> dict[str, Any]:
-    """Tickets admitted per minute over the last hour and, of those, how many
-    finished per minute; failures grouped by error code. Ticket ids are
-    UUIDv7, so "admitted in the last hour" is a primary key range: the
-    dashboard never reads older rows, whatever the size of the ledger."""
-    from django.db.models.fields.json import KeyTextTransform  # noqa: PLC0415
-    from django.db.models.functions import TruncMinute  # noqa: PLC0415
+# The dashboard's ranges: (length, bucket, how many buckets). Counts are
+# grouped by minute (1 h) or by hour (24 h, 7 d; at most 168 groups, folded
+# into 6-hour buckets for 7 d) in the database.
+CHART_RANGES: dict[str, tuple[timedelta, timedelta, int]] = {
+    "1h": (timedelta(hours=1), timedelta(minutes=1), 60),
+    "24h": (timedelta(hours=24), timedelta(hours=1), 24),
+    "7d": (timedelta(days=7), timedelta(hours=6), 28),
+}
+CHART_LEFT, CHART_WIDTH, CHART_TOP, CHART_HEIGHT = 44, 540, 8, 90
 
+
+def chart_range(raw: str | None) -> str:
+    return raw if raw in CHART_RANGES else "1h"
+
+
+def _bucket_start(at: datetime, bucket: timedelta) -> datetime:
+    seconds = int(bucket.total_seconds())
+    epoch = int(at.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=at.tzinfo)
+
+
+def _ticks(peak: int) -> list[dict[str, Any]]:
+    """Y ticks at 0, half and the peak (whole numbers, no repeats)."""
+    values = sorted({0, peak // 2, peak} if peak > 1 else {0, peak})
+    return [
+        {"value": v, "y": CHART_TOP + CHART_HEIGHT - round(CHART_HEIGHT * v / peak)} for v in values
+    ]
+
+
+def last_hour(*, user, span: str = "1h") -> dict[str, Any]:
+    """Tickets admitted per bucket over the range and, of those, how many
+    finished per bucket; failures grouped by error code; the geometry of a
+    server-drawn SVG (bars, axis ticks, labels) and the same figures as rows
+    for a table. Ticket ids are UUIDv7, so "admitted in the range" is a
+    primary key range: the dashboard never reads older rows."""
+    from django.db.models.fields.json import KeyTextTransform  # noqa: PLC0415
+    from django.db.models.functions import TruncHour, TruncMinute  # noqa: PLC0415
+
+    span = chart_range(span)
+    length, bucket, n = CHART_RANGES[span]
+    trunc = TruncMinute if bucket < timedelta(hours=1) else TruncHour
     now = timezone.now()
-    since = now - timedelta(hours=1)
+    since = now - length
     recent = visible_tickets(user).filter(id__gte=uuid7_floor(since)).order_by()
-    admitted = dict(
-        recent.annotate(m=TruncMinute("created_at")).values_list("m").annotate(n=Count("id"))
-    )
-    finished = dict(
-        recent.filter(finished_at__isnull=False)
-        .annotate(m=TruncMinute("finished_at"))
-        .values_list("m")
-        .annotate(n=Count("id"))
-    )
+    first = _bucket_start(now, bucket) - bucket * (n - 1)
+
+    def grouped(qs, field: str) -> dict[datetime, int]:
+        counts: dict[datetime, int] = {}
+        for at, count in qs.annotate(m=trunc(field)).values_list("m").annotate(n=Count("id")):
+            key = _bucket_start(at, bucket)
+            counts[key] = counts.get(key, 0) + count
+        return counts
+
+    admitted = grouped(recent, "created_at")
+    finished = grouped(recent.filter(finished_at__isnull=False), "finished_at")
     failures = list(
         recent.filter(state=TicketState.FAILED)
         .annotate(code=KeyTextTransform("code", "error"))
@@ -174,31 +209,52 @@ def last_hour(*, user) -> dict[str, Any]:
         .annotate(n=Count("id"))
         .order_by("-n", "code")[:10]
     )
-    start = since.replace(second=0, microsecond=0)
-    minutes = [start + timedelta(minutes=i + 1) for i in range(60)]
-    peak = max([*admitted.values(), *finished.values(), 1])
+    starts = [first + bucket * i for i in range(n)]
+    peak = max([admitted.get(t, 0) for t in starts] + [finished.get(t, 0) for t in starts] + [1])
+    slot = CHART_WIDTH / n
+    bar = max(2.0, (slot - 2) / 2)
+    base = CHART_TOP + CHART_HEIGHT
     bars = []
-    for i, minute in enumerate(minutes):
-        a, f = admitted.get(minute, 0), finished.get(minute, 0)
+    for i, start in enumerate(starts):
+        a, f = admitted.get(start, 0), finished.get(start, 0)
+        x = CHART_LEFT + i * slot
+        ah, fh = round(CHART_HEIGHT * a / peak), round(CHART_HEIGHT * f / peak)
         bars.append(
             {
-                "x": 30 + i * 9,
+                "start": start,
+                "end": start + bucket,
                 "a": a,
                 "f": f,
-                "ah": round(60 * a / peak),
-                "fh": round(60 * f / peak),
-                "minute": minute,
+                "slot_x": round(x, 1),
+                "slot_w": round(slot, 1),
+                "x": round(x + 1, 1),
+                "fx": round(x + 1 + bar, 1),
+                "w": round(bar, 1),
+                "ah": ah,
+                "fh": fh,
+                "ay": base - ah,
+                "fy": base - fh,
             }
         )
-    for bar in bars:
-        bar["ay"] = 70 - bar["ah"]
-        bar["fy"] = 70 - bar["fh"]
-        bar["fx"] = bar["x"] + 4
+    # Five labels along the time axis, the last one "now".
+    step = max(1, n // 4)
+    x_ticks = [
+        {"x": bars[i]["slot_x"], "at": bars[i]["start"], "first": i == 0} for i in range(0, n, step)
+    ]
     return {
+        "range": span,
+        "ranges": list(CHART_RANGES),
+        "bucket": bucket,
         "bars": bars,
         "peak": peak,
-        "admitted": sum(admitted.values()),
-        "finished": sum(finished.values()),
+        "y_ticks": _ticks(peak),
+        "x_ticks": x_ticks,
+        "daily": bucket >= timedelta(hours=1),
+        "left": CHART_LEFT,
+        "right": CHART_LEFT + CHART_WIDTH,
+        "base": base,
+        "admitted": sum(b["a"] for b in bars),
+        "finished": sum(b["f"] for b in bars),
         "failures": failures,
         "since": since,
     }
@@ -488,10 +544,11 @@ def _pct(sorted_values: list[float], q: float) -> float | None:
 
 def endpoint_hour(endpoint: Endpoint) -> dict[str, Any]:
     """The last hour's turns of an endpoint by outcome, and p50/p95 run
-    time of the finished ones, as bars for a server-drawn SVG. Turn ids are
-    UUIDv7 (a turn's id is its start time), so "the last hour" is a primary
-    key range, not a scan of the endpoint's history; capped."""
-    from console.templatetags.consoletags import _span  # noqa: PLC0415
+    time of those that ended on evidence (completed, failed, stopped), as
+    bars for a server-drawn SVG. Turn ids are UUIDv7 (a turn's id is its
+    start time), so "the last hour" is a primary key range, not a scan of
+    the endpoint's history; capped."""
+    from console.templatetags.consoletags import ENDED_ON_EVIDENCE, _span  # noqa: PLC0415
 
     since = timezone.now() - timedelta(hours=1)
     turns = list(
@@ -505,7 +562,9 @@ def endpoint_hour(endpoint: Endpoint) -> dict[str, Any]:
     runs = []
     for state, started, ended in turns:
         by_state[state] = by_state.get(state, 0) + 1
-        if ended and started:
+        # Only turns that ended on evidence: an uncertain turn has no end,
+        # and an unresolved one's ended_at is the owner's decision.
+        if state in ENDED_ON_EVIDENCE and ended and started:
             runs.append((ended - started).total_seconds())
     runs.sort()
     biggest = max(by_state.values(), default=1)
@@ -527,6 +586,7 @@ def endpoint_hour(endpoint: Endpoint) -> dict[str, Any]:
         "height": 8 + 20 * len(bars),
         "p50": _span(p50) if p50 is not None else "—",
         "p95": _span(p95) if p95 is not None else "—",
+        "measured": len(runs),
     }
 
 

@@ -109,7 +109,7 @@ def dashboard(request):
             "quarantined": selectors.quarantined_endpoints(user=request.user),
             "overdue": selectors.overdue_obligations(user=request.user),
             "recent": selectors.recent_tickets(user=request.user),
-            "hour": selectors.last_hour(user=request.user),
+            "hour": selectors.last_hour(user=request.user, span=request.GET.get("range")),
             "awaiting": awaiting,
             "awaiting_more": awaiting_more,
             "capacity": selectors.capacity_flags(),

@@ -208,3 +208,41 @@ def duration(start: Any, end: Any = None, *, live: str = "so far") -> str:
     if end is None:
         return format_html('{} <span class="muted">{}</span>', text, live)
     return text
+
+
+# The turn states whose ended_at is when the turn ended, on evidence. An
+# unresolved turn's ended_at is when an owner closed it without evidence
+# (nobody knows when, or whether, it ended); an uncertain one has none.
+ENDED_ON_EVIDENCE = frozenset({"completed", "failed", "stopped"})
+_UNKNOWN_DECIDED = mark_safe('<span class="muted">unknown (closed by a decision)</span>')  # noqa: S308
+_UNKNOWN_UNCERTAIN = mark_safe('<span class="muted">unknown (no stop evidence)</span>')  # noqa: S308
+
+
+@register.simple_tag
+def turn_end(turn: Any) -> str:
+    """A turn's end time, only when it is known to have ended."""
+    if turn is None:
+        return NONE
+    if turn.state in ENDED_ON_EVIDENCE:
+        return utc(turn.ended_at)
+    if turn.state == "unresolved":
+        return _UNKNOWN_DECIDED
+    if turn.state == "uncertain":
+        return _UNKNOWN_UNCERTAIN
+    return NONE
+
+
+@register.simple_tag
+def turn_run_time(turn: Any) -> str:
+    """A turn's run time: to its end when it ended on evidence, so far while
+    it runs, and not at all when its end is unknown."""
+    if turn is None:
+        return NONE
+    if turn.state in ENDED_ON_EVIDENCE:
+        return duration(turn.started_at, turn.ended_at)
+    if turn.state in ("running", "interrupting"):
+        return duration(turn.started_at)
+    return format_html(
+        '<span class="muted">at least {}</span>',
+        duration(turn.started_at, turn.ended_at or timezone.now()),
+    )

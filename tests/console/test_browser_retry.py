@@ -74,6 +74,19 @@ def test_retry_one_with_a_new_input_then_all_shown_with_refusals_listed(page, li
     again = Ticket.objects.get(retry_of_id=failed.id)
     assert again.input == {"q": 2} and again.budget_s is None
 
+    # The dashboard's chart: a legend, a range to choose, the figures in a table.
+    page.goto(f"{live_server.url}/")
+    throughput = page.locator("#throughput")
+    expect(throughput.locator(".legend")).to_contain_text("admitted")
+    expect(throughput.locator(".legend")).to_contain_text("finished")
+    throughput.get_by_role("link", name="24h").click()
+    expect(page).to_have_url(f"{live_server.url}/?range=24h")
+    expect(page.locator('#throughput svg[data-range="24h"]')).to_be_visible()
+    expect(page.locator("#throughput h2")).to_contain_text("Last 24 hours")
+    page.locator("#throughput summary").click()
+    expect(page.locator("#throughput tbody tr")).to_have_count(24)
+    expect(page.locator("#throughput svg .hit title").last).to_contain_text("admitted 6")
+
 
 def test_rerun_with_a_smaller_budget_after_the_warning(axe_page, live_server):
     page = axe_page

@@ -1,0 +1,65 @@
+"""Charts that read: the dashboard's range selector, legend, axis ticks and
+the same figures as a table; an endpoint's p50/p95 only of turns that ended
+on evidence, and no "ended" time for a turn whose end nobody knows."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from console import selectors
+from console.owners import create_owner
+from endpoints import runtime
+from recovery import services as recovery
+from tickets.admission import admit_ticket
+
+from .helpers import echo_endpoint, quarantined_case
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_dashboard_chart_has_a_range_a_legend_ticks_and_a_table(client, viewer):
+    echo_endpoint("chart.echo")
+    for n in range(3):
+        runtime.run_ticket(ticket_id=admit_ticket(endpoint="chart.echo", input={"n": n}).ticket.id)
+    client.force_login(viewer)
+    for span, rows in (("1h", 60), ("24h", 24), ("7d", 28)):
+        body = client.get("/", {"range": span}).content.decode()
+        chart = body[body.index('id="throughput"') :]
+        chart = chart[: chart.index("</section>")]
+        assert f'data-range="{span}"' in chart
+        assert re.search(rf'<a href="\?range={span}" aria-current="true"', chart)
+        assert "admitted" in chart and "finished" in chart and 'class="legend"' in chart
+        assert chart.count('class="tick"') >= 5  # y ticks, time ticks, "now"
+        table = chart[chart.index("<tbody>") : chart.index("</tbody>")]
+        assert table.count("<tr>") == rows
+        assert "admitted 3, finished 3" in chart or span != "1h" or "admitted 3" in chart
+    data = selectors.last_hour(user=viewer, span="24h")
+    assert (data["admitted"], data["finished"]) == (3, 3)
+    # Any other value is the default range; the live region keeps the range.
+    assert 'data-range="1h"' in client.get("/", {"range": "1y"}).content.decode()
+    assert 'hx-get="/?range=7d"' in client.get("/", {"range": "7d"}).content.decode()
+
+
+def test_an_unresolved_turn_has_no_end_and_no_place_in_the_percentiles(client):
+    case = quarantined_case("chart.stuck")
+    owner = create_owner(username="olive", password="pw-olive-1", endpoints=["chart.stuck"])
+    inspection = recovery.inspect_case(case_id=case.id, user=owner)
+    recovery.decide(
+        case_id=case.id,
+        user=owner,
+        action="finalize_orphan",
+        inspection_id=inspection.id,
+        rationale="no evidence; orphan it",
+    )
+    done = admit_ticket(endpoint="chart.stuck", input={"q": 1}).ticket
+    runtime.run_ticket(ticket_id=done.id)
+    hour = selectors.endpoint_hour(case.endpoint)
+    assert (hour["total"], hour["measured"]) == (2, 1)
+    client.force_login(owner)
+    page = client.get("/endpoints/chart.stuck/").content.decode()
+    assert "ended on evidence" in page and "1 of 2 turns" in page
+    assert "unknown (closed by a decision)" in page
+    ticket_page = client.get(f"/tickets/{case.ticket_id}/").content.decode()
+    assert "unknown (closed by a decision)" in ticket_page
