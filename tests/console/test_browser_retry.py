@@ -85,7 +85,9 @@ def test_retry_one_with_a_new_input_then_all_shown_with_refusals_listed(page, li
     expect(page.locator("#throughput h2")).to_contain_text("Last 24 hours")
     page.locator("#throughput summary").click()
     expect(page.locator("#throughput tbody tr")).to_have_count(24)
-    expect(page.locator("#throughput svg .hit title").last).to_contain_text("admitted 6")
+    expect(page.locator("#throughput svg .hit title").last).to_contain_text(
+        re.compile(r"admitted [1-5], finished")
+    )
 
 
 def test_rerun_with_a_smaller_budget_after_the_warning(axe_page, live_server):
