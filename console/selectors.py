@@ -127,6 +127,13 @@ def requester_lacks(ticket: Ticket) -> str:
     if ticket.delivery_state == DeliveryState.AWAITING_APPROVAL:
         return "the result: it waits for an owner's approval"
     if awaiting_pickup(ticket):
+        if ticket.state != TicketState.SUCCEEDED:
+            # A failed, cancelled or orphaned ticket has no result: what is
+            # ready is the outcome, and what may be owed is a retry.
+            return (
+                f"to learn the outcome: the ticket {ticket.state} without a result (ready to "
+                "pull); the requester has not acknowledged it, and a retry is an owner's call"
+            )
         return "nothing owed: the result is ready to pull; the requester has not acknowledged it"
     if ticket.delivery_state == DeliveryState.FAILED:
         return "the result: its delivery failed"

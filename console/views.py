@@ -628,6 +628,13 @@ def _case_context(
         "case": case,
         "d": selectors.case_detail(case),
         "can_act": can_act,
+        # Another open case of the endpoint holds it quarantined once this
+        # one is decided: name it, so the page does not dead-end.
+        "holding_case": recovery_selectors.visible_cases(request.user)
+        .filter(endpoint_id=case.endpoint_id, state=CaseState.OPEN)
+        .exclude(id=case.id)
+        .values_list("id", flat=True)
+        .first(),
     }
     if can_act:  # forms exist only for owners; the POST views check again
         context["decision_form"] = decision_form or DecisionForm(

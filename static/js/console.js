@@ -417,3 +417,11 @@
     if (form) update(form);
   });
 })();
+
+// A plain form that asks before it submits (the page's CSP allows no inline
+// handlers): data-confirm holds the question.
+document.addEventListener("submit", function (event) {
+  var form = event.target;
+  var question = form.getAttribute && form.getAttribute("data-confirm");
+  if (question && !window.confirm(question)) event.preventDefault();
+});

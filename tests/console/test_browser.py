@@ -234,11 +234,14 @@ def test_owner_approves_a_gated_result_in_place(page, live_server):
     delivery = page.locator("#delivery")
     expect(delivery).to_contain_text("awaiting approval")
     mark_document(page)
+    questions: list[str] = []
+    page.on("dialog", lambda d: (questions.append(d.message), d.accept()))
     page.get_by_role("button", name="Approve result").click()
     expect(page.locator("#messages")).to_contain_text("Result approved")
     expect(delivery).not_to_contain_text("awaiting approval")
     expect(delivery).to_contain_text("by gus")
     expect(page.get_by_role("button", name="Approve result")).to_have_count(0)
+    assert questions and questions[0].startswith("Approve the result of ticket"), questions
     assert_not_reloaded(page)
 
 

@@ -343,9 +343,12 @@ def test_a_held_slot_is_flagged_shown_on_the_workers_page_and_stopped_by_its_own
     # The slot is this test's process (a pool process records its own pid).
     expect(stop).to_contain_text(f"process {os.getpid()} of worker turns@hostA on hostA")
     stop.get_by_label("Rationale").fill("free the slot: the case is decided")
+    questions: list[str] = []
+    page.on("dialog", lambda d: (questions.append(d.message), d.accept()))
     stop.get_by_role("button", name="Stop the process").click()
     expect(page.locator("#messages")).to_contain_text("Stop requested")
     expect(page.locator("#stop-process [data-stop]")).to_contain_text("by sam")
+    assert questions and "SIGKILL" in questions[0], questions
 
 
 def test_axe_finds_no_serious_violation_on_the_main_pages(axe_page, live_server):

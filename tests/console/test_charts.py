@@ -63,3 +63,15 @@ def test_an_unresolved_turn_has_no_end_and_no_place_in_the_percentiles(client):
     assert "unknown (closed by a decision)" in page
     ticket_page = client.get(f"/tickets/{case.ticket_id}/").content.decode()
     assert "unknown (closed by a decision)" in ticket_page
+
+
+def test_a_failed_tickets_obligation_does_not_say_its_result_is_ready(client):
+    from console.selectors import requester_lacks  # noqa: PLC0415
+    from endpoints.services import create_endpoint  # noqa: PLC0415
+    from tickets.selectors import get_ticket  # noqa: PLC0415
+
+    create_endpoint(address="chart.fail", runner={"kind": "python", "path": "endpoints.demo.fail"})
+    ticket = admit_ticket(endpoint="chart.fail", input={}).ticket
+    runtime.run_ticket(ticket_id=ticket.id)
+    says = requester_lacks(get_ticket(ticket.id))
+    assert "failed without a result" in says and "nothing owed" not in says
