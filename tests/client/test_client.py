@@ -188,6 +188,19 @@ def test_cancelling_a_cancelled_ticket_is_an_invalid_transition(cc, endpoint, le
     assert (info.value.status, info.value.state, info.value.ambiguous) == (409, "cancelled", False)
 
 
+def test_a_retry_whose_answer_was_lost_returns_the_one_retry(cc, proxy, api_key, endpoint, ledger):
+    endpoint("retry-me")
+    ticket = cc.submit("retry-me", {"n": 1})
+    cc.cancel(ticket.id)
+    p = proxy(["drop"])
+    with Client(p.url, api_key, backoff_base=0.05) as flaky:
+        retry = flaky.retry(ticket.id, reason="lost answer", input={"n": 2}, budget_s=5)
+    assert (retry.retry_of, retry.input, retry.raw["budget_s"]) == (ticket.id, {"n": 2}, 5)
+    assert [s.action for s in p.seen][:2] == ["drop", "forward"]
+    assert cc.get(ticket.id).retry == retry.id
+    assert ledger.events(ticket.id).count("retried") == 1
+
+
 def test_too_large_invalid_and_circuit_open(cc, endpoint, settings):
     endpoint("limits")
     settings.TICKET_MAX_INPUT_BYTES = 100
