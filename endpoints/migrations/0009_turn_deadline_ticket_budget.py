@@ -33,7 +33,7 @@ def _changed(sql: str) -> str:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("endpoints", "0007_turn_functions"),
+        ("endpoints", "0008_runner_kind_agent"),
         ("tickets", "0018_ticket_retry_of_budget"),
     ]
 
