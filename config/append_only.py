@@ -65,9 +65,7 @@ $$ LANGUAGE plpgsql;
 
 def _pg_refuse_truncate(schema_editor, table: str) -> None:
     schema_editor.execute(PG_TRUNCATE_FUNCTION, params=None)
-    # Dropped first so the operation can run again over a table that has it
-    # (0002 migrations now create it for fresh databases; RefuseTruncate adds
-    # it to databases migrated before).
+    # Dropped first so the operation can run again over a table that has it.
     schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table};")
     schema_editor.execute(
         f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table} "
@@ -97,28 +95,6 @@ def _backward(tables):
     return run
 
 
-def _forward_truncate(tables):
-    def run(apps, schema_editor):
-        for table in tables:
-            _pg_refuse_truncate(schema_editor, table)
-
-    return run
-
-
-def _backward_truncate(tables):
-    def run(apps, schema_editor):
-        for table in tables:
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table};")
-
-    return run
-
-
 def AppendOnly(*tables: str) -> migrations.RunPython:  # noqa: N802 - reads like an operation
     """UPDATE, DELETE and TRUNCATE refused on these tables."""
     return migrations.RunPython(_forward(tables), _backward(tables))
-
-
-def RefuseTruncate(*tables: str) -> migrations.RunPython:  # noqa: N802 - reads like an operation
-    """The TRUNCATE trigger alone, for tables made append-only before
-    AppendOnly refused TRUNCATE too. Safe to run over a table that has it."""
-    return migrations.RunPython(_forward_truncate(tables), _backward_truncate(tables))

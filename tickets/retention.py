@@ -19,7 +19,7 @@ delivery attempts, only when every one of its tickets:
    another trace, in either direction.
 
 The deletion happens in ``claimcheck_prune_ledger``, a SECURITY DEFINER
-function created by migration ``tickets.0008_prune_ledger`` and owned by the
+function created by migration ``tickets.0001_initial`` and owned by the
 owner role. The application role may EXECUTE it and nothing more: it still
 has no DELETE or TRUNCATE on the append-only tables (events, delivery
 attempts), whose triggers stay enabled and let a DELETE through only inside

@@ -1,5 +1,5 @@
 """The database itself refuses UPDATE and DELETE on inspections, decisions,
-lessons and case evidence (triggers from recovery/migrations/0002, which
+lessons and case evidence (triggers from recovery/migrations/0001_initial.py, which
 refuse even the tables' owner; the application role is refused first by its
 privileges), whatever code path asks."""
 
