@@ -206,8 +206,12 @@ class Lifecycle(RuleBasedStateMachine):
         e = self.eps[name]
         value = {"n": n}
         existing = self.by_key(e.address, key)
-        # The documented rule for reject (API.md): 409 while a turn holds the lock.
-        busy = e.reject and e.holder is not None
+        # The rule for reject (docs/api.md): 409 while a turn holds the lock or
+        # a ticket already waits to start; a reject endpoint never queues two.
+        busy = e.reject and (
+            e.holder is not None
+            or any(t.endpoint == e.address and t.state == "queued" for t in self.tickets.values())
+        )
         try:
             admitted = admit_ticket(
                 endpoint=e.address,

@@ -9,7 +9,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from config.errors import StaleTurn
@@ -48,7 +48,12 @@ def quarantine_turn(*, turn_id: uuid.UUID, actor: str = "sweeper") -> uuid.UUID 
             Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn_id)
         )
         grace = timedelta(seconds=turn.endpoint.interrupt_grace_s)
-        if turn.state != TurnState.INTERRUPTING or turn.interrupt_requested_at + grace > now:
+        # The database stamped the interrupt request (budgets.request_interrupt):
+        # its grace runs out on the same clock, whatever this host's says.
+        with connection.cursor() as cur:
+            cur.execute("SELECT statement_timestamp()")
+            (db_now,) = cur.fetchone()
+        if turn.state != TurnState.INTERRUPTING or turn.interrupt_requested_at + grace > db_now:
             return None
         Turn.objects.filter(id=turn.id).update(state=TurnState.UNCERTAIN)
         reason = (
