@@ -66,6 +66,13 @@ test: install services browser pgbouncer proxy ## the layer contracts, then ever
 		CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--durations 15 $(PYTEST_ARGS)
 
+test-fast: install services ## every test that starts no process of its own (no worker, server or browser)
+	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
+		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
+	DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
+		CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		-m "not integration and not browser and not faults and not multihost" $(PYTEST_ARGS)
+
 faults: install services ## the full fault suite (private PostgreSQL + Redis it kills; `make test` runs a reduced set)
 	FAULTS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)

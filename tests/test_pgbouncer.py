@@ -36,7 +36,7 @@ from django.test import Client
 from tests.conftest import ROOT, Processes, _test_env, purge_broker, wait_for
 from tests.faults.cluster import free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 WAIT_S = 8  # what a waiting request asks for: through a broken LISTEN it waits all of it

@@ -8,7 +8,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, _test_env
+
+pytestmark = pytest.mark.integration  # it starts a Python process
 
 # Built, not started, in a process of its own: building a worker sends
 # worker_init, whose receivers change the process's settings (the database
