@@ -209,20 +209,12 @@ def not_allowed(runner: dict[str, Any]) -> str | None:
     from django.conf import settings
 
     kind = runner.get("kind")
-    if kind == "python":
+    if kind in ("python", "agent"):  # an agent's path is a python path too
         path = str(runner.get("path", ""))
         prefixes = list(settings.RUNNER_PYTHON_ALLOWED_PREFIXES or [])
         if not any(_inside(path, p) for p in prefixes):
             return (
-                f"python runner path {path!r} is not allowed: RUNNER_PYTHON_ALLOWED_PREFIXES "
-                f"allows {', '.join(prefixes) or 'nothing'}"
-            )
-    elif kind == "agent":
-        path = str(runner.get("path", ""))
-        prefixes = list(settings.RUNNER_PYTHON_ALLOWED_PREFIXES or [])
-        if not any(_inside(path, p) for p in prefixes):
-            return (
-                f"agent runner path {path!r} is not allowed: RUNNER_PYTHON_ALLOWED_PREFIXES "
+                f"{kind} runner path {path!r} is not allowed: RUNNER_PYTHON_ALLOWED_PREFIXES "
                 f"allows {', '.join(prefixes) or 'nothing'}"
             )
     elif kind == "command":

@@ -147,8 +147,8 @@ def endpoint_payload(endpoint: Endpoint, *, user) -> dict[str, Any]:
     """The endpoint as the API and the console show it to ``user``, read in
     one snapshot: outside a caller's transaction, its reads run in one
     REPEATABLE READ transaction (the endpoint row read again in
-    it). Read one by one, a quarantine that committed between two of them
-    showed an open case beside the state ``available`` (CI, 2026-12-01).
+    it): read one by one, a quarantine committing between two reads would
+    show an open case beside the state ``available``.
     The runner's settings and the submitter list only to its owners and
     staff (``sees_configuration``); to others ``runner`` is ``{kind}`` and
     ``submitters`` is left out."""

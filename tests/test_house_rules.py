@@ -1,4 +1,4 @@
-"""Small rules of the house (issue 10): one source for caps, the state
+"""Small rules of the house: one source for caps, the state
 strings the database holds, the broker's visibility timeout above the longest budget, the
 database constraints that back the runtime, and the app ports in place."""
 
