@@ -313,17 +313,17 @@ def _check_command_env(env: object) -> None:
     for name, ref in env.items():
         if not _ENV_NAME.match(name):
             raise Invalid("a command runner's env names are letters, digits and _")
-        if not (isinstance(ref, dict) and set(ref) == {"secret"}):
-            raise Invalid(
-                f'env {name} must be {{"secret": NAME}}: a command gets values by secret name only'
-            )
-        check_name(ref["secret"])
+        _secret_ref(ref, f"command runner env.{name}")
 
 
-def command_env(runner: dict, base: dict[str, str]) -> dict[str, str]:
-    """The environment a command runs with: the few names of ``base`` in
-    ``COMMAND_BASE_ENV`` and the runner's secrets, resolved on this host."""
+def command_env(runner: dict, base: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment a command runs with (the few names of ``base`` in
+    ``COMMAND_BASE_ENV`` and the runner's secrets, resolved on this host),
+    and ``{value: secret name}`` of the secrets, for redacting them from
+    what the command prints. Raises ``SecretMissing`` as ``secret_headers``."""
     env = {k: base[k] for k in COMMAND_BASE_ENV if k in base}
+    resolved: dict[str, str] = {}
     for name, ref in (runner.get("env") or {}).items():
         env[name] = secret(ref["secret"])
-    return env
+        resolved[env[name]] = ref["secret"]
+    return env, resolved

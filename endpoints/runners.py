@@ -389,9 +389,16 @@ def _run_command(ctx: TurnContext) -> Outcome:
     # Never the worker's own environment: it holds the database URL and the
     # project's secrets. SecretMissing fails the turn before anything runs.
     try:
-        env = runner_spec.command_env(ctx.runner, dict(os.environ))
+        env, resolved = runner_spec.command_env(ctx.runner, dict(os.environ))
     except SecretMissing as exc:
         return Outcome.failure({"code": "secret_missing", "detail": exc.detail})
+    return _without_secrets(_command_outcome(ctx, argv, env, kill_after), resolved)
+
+
+def _command_outcome(
+    ctx: TurnContext, argv: list, env: dict[str, str], kill_after: float
+) -> Outcome:
+    """The command's run, as ``_run_command`` says; its secrets not yet redacted."""
     try:
         proc = subprocess.Popen(  # noqa: S603 - argv comes from staff-managed config
             argv,
@@ -522,9 +529,15 @@ def _run_http(ctx: TurnContext) -> Outcome:
         configured, resolved = runner_spec.secret_headers(ctx.runner)
     except SecretMissing as exc:
         return Outcome.failure({"code": "secret_missing", "detail": exc.detail})
-    outcome = _post_to_agent(ctx, configured)
+    return _without_secrets(_post_to_agent(ctx, configured), resolved)
+
+
+def _without_secrets(outcome: Outcome, resolved: dict[str, str]) -> Outcome:
+    """``outcome`` with every resolved secret value replaced by ``[secret
+    NAME]``: what a runner prints or an agent echoes never reaches the ledger
+    with a credential in it."""
     for value, name in resolved.items():
-        if value and value in repr(outcome):
+        if value:
             outcome = _redacted(outcome, value, f"[secret {name}]")
     return outcome
 
@@ -582,9 +595,8 @@ def cancel_http_turn(runner: dict[str, Any], turn_id: uuid.UUID, seq: int) -> No
         return
     try:
         target = outbound.resolve_target(url, label="agent cancel")
-        # The same credentials as the turn's POST, resolved on this host (a
-        # runner stored before the schema, whose turn started before the
-        # upgrade, gets its cancel without them, as it did then).
+        # The same credentials as the turn's POST, resolved on this host; a
+        # runner the schema refuses gets none (its references are not trusted).
         headers: dict[str, str] = {}
         if runner_spec.problem(runner) is None:
             headers, _ = runner_spec.secret_headers(runner)

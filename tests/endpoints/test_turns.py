@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -265,8 +266,12 @@ def test_command_runner_result_and_history(worker, make_endpoint):
 
 
 def test_command_gets_named_secrets_and_not_the_workers_environment(worker, make_endpoint):
+    # The command prints its environment, the secret's digest and the secret
+    # itself: the digest proves it got the value, the ledger keeps none.
     code = (
-        "import json,os,sys; json.load(sys.stdin); print(json.dumps({'result': dict(os.environ)}))"
+        "import hashlib,json,os,sys; json.load(sys.stdin); t=os.environ['AGENT_TOKEN']; "
+        "print(json.dumps({'result': {'env': sorted(os.environ), 'token': t, "
+        "'sha': hashlib.sha256(t.encode()).hexdigest()}}))"
     )
     make_endpoint(
         "envcmd",
@@ -279,9 +284,10 @@ def test_command_gets_named_secrets_and_not_the_workers_environment(worker, make
     ticket = admit_ticket(endpoint="envcmd", input={}).ticket
     wait_for(terminal([ticket.id]), message="the command ticket")
     seen = Ticket.objects.get(id=ticket.id).result
-    assert seen["AGENT_TOKEN"] == TEST_RUNNER_SECRET
-    assert not {"DATABASE_URL", "SECRET_KEY", "CELERY_BROKER_URL"} & set(seen)
-    assert set(seen) <= {"AGENT_TOKEN", *COMMAND_BASE_ENV}
+    assert seen["sha"] == hashlib.sha256(TEST_RUNNER_SECRET.encode()).hexdigest()
+    assert seen["token"] == "[secret TEST_RUNNER_SECRET]"
+    assert not {"DATABASE_URL", "SECRET_KEY", "CELERY_BROKER_URL"} & set(seen["env"])
+    assert set(seen["env"]) <= {"AGENT_TOKEN", *COMMAND_BASE_ENV}
 
 
 def test_command_with_a_secret_this_host_lacks_fails_before_running(worker, make_endpoint):
