@@ -34,7 +34,6 @@ def test_the_dashboard_chart_has_a_range_a_legend_ticks_and_a_table(client, view
         assert chart.count('class="tick"') >= 5  # y ticks, time ticks, "now"
         table = chart[chart.index("<tbody>") : chart.index("</tbody>")]
         assert table.count("<tr>") == rows
-        assert "admitted 3, finished 3" in chart or span != "1h" or "admitted 3" in chart
     data = selectors.last_hour(user=viewer, span="24h")
     assert (data["admitted"], data["finished"]) == (3, 3)
     # Any other value is the default range; the live region keeps the range.
