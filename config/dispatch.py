@@ -21,15 +21,6 @@ DELIVER = "tickets.deliver"
 DISPATCH_CHANNEL = "claimcheck_dispatch"
 
 
-def wake_dispatcher(using: str = "default") -> None:
-    """Notify the dispatcher, delivered when the current transaction commits
-    (PostgreSQL's NOTIFY is transactional; a rollback sends nothing)."""
-    from django.db import connections
-
-    with connections[using].cursor() as cur:
-        cur.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
-
-
 def publish_now(task_name: str, ids: list[str]) -> int:
     """Send ``task_name(id)`` for each id at once (the caller is outside any
     transaction), over one producer connection. Returns how many were sent

@@ -46,7 +46,7 @@ from .models import (
     TicketState,
 )
 from .ports import endpoint_directory
-from .selectors import may_see, visible_tickets
+from .selectors import visible_tickets
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,16 @@ def validate_dedupe_key(key: str | None) -> str | None:
     if not isinstance(key, str) or not 1 <= len(key) <= DEDUPE_KEY_CHARS or not key.isprintable():
         raise Invalid(f"dedupe_key must be 1 to {DEDUPE_KEY_CHARS} printable characters")
     return key
+
+
+def validate_trace_id(trace_id: str | None) -> str | None:
+    if trace_id is not None and (
+        not isinstance(trace_id, str)
+        or not 1 <= len(trace_id) <= TRACE_ID_CHARS
+        or not trace_id.isprintable()
+    ):
+        raise Invalid(f"trace_id must be 1 to {TRACE_ID_CHARS} printable characters")
+    return trace_id
 
 
 @observe.admission  # admitted/duplicate/refused counters; the trace a response returns
@@ -116,10 +126,7 @@ def admit_ticket(
             limit=settings.TICKET_MAX_INPUT_BYTES,
         )
     dedupe_key = validate_dedupe_key(dedupe_key)
-    if trace_id is not None and (
-        not trace_id or len(trace_id) > TRACE_ID_CHARS or not trace_id.isprintable()
-    ):
-        raise Invalid(f"trace_id must be 1 to {TRACE_ID_CHARS} printable characters")
+    validate_trace_id(trace_id)
     requester = requester or {}
     if len(canonical_json(requester)) > settings.TICKET_MAX_INPUT_BYTES:
         raise TooLarge("requester metadata is over the input cap")
@@ -421,16 +428,14 @@ def _duplicate(
     dedupe_key: str,
     sha: str,
     submitter: AbstractBaseUser | None,
-    visible: bool | None = None,
+    visible: bool,
 ) -> Admitted:
     """The ticket already holding the key: returned as the duplicate when
     the inputs match, else 409. To a submitter who may not see it, it does
     not exist: the key is taken, and that is all the conflict says (the
     key's namespace is the endpoint's, shared by everyone who submits).
-    ``visible``: ``may_see`` already decided by the caller (the function's
-    statement answers it), else asked here."""
-    if visible is None:
-        visible = submitter is None or may_see(submitter, ticket)
+    ``visible``: ``may_see`` as the caller decided it (the function's
+    statement answers it)."""
     if not visible:
         raise DedupeConflict(
             f"dedupe key {dedupe_key!r} is already taken on {ticket.endpoint.address}"

@@ -31,9 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from config.errors import Invalid
-from config.limits import TRACE_ID_CHARS
-
+from .admission import validate_trace_id
 from .models import Ticket
 from .selectors import visible_tickets
 
@@ -100,8 +98,7 @@ def joining(
     if requested is None or parent is not None or user is None or not user.is_authenticated:
         yield TraceChoice(trace_id=requested)
         return
-    if not requested or len(requested) > TRACE_ID_CHARS or not requested.isprintable():
-        raise Invalid(f"trace_id must be 1 to {TRACE_ID_CHARS} printable characters")
+    validate_trace_id(requested)
     with transaction.atomic():
         _lock(requested)
         yield choose(user, requested=requested, traceparent=traceparent)

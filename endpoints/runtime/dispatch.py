@@ -74,12 +74,6 @@ def publish_next(ticket_id: uuid.UUID) -> None:
     transaction.on_commit(send)
 
 
-def mark_needs_dispatch(ticket_id: uuid.UUID) -> None:
-    """The ticket's message was used up without starting it (the caller holds
-    the endpoint's lock row): the next release must publish it."""
-    Ticket.objects.filter(id=ticket_id, state=TicketState.QUEUED).update(needs_dispatch=True)
-
-
 # dispatch_next in one statement: unmark the oldest marked queued ticket, or
 # (none marked) wake the dispatcher at commit.
 _NEXT_SQL = """
