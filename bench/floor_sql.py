@@ -2,7 +2,7 @@
 event and its trace row (``INSERT ... ON CONFLICT DO NOTHING``) or returns the
 ticket already holding the key, whole. It was the application's admission
 fast path until admission became one function (``claimcheck_admit``,
-tickets/migrations/0001_initial.py); the benchmarks keep it, as it
+tickets/sql/claimcheck_admit.sql); the benchmarks keep it, as it
 was, as the least a one-statement admission can cost, so ratios stay
 comparable across that change."""
 

@@ -1,10 +1,23 @@
+from pathlib import Path
+
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+from config.sqlfunctions import installer
 
 
 class EndpointsConfig(AppConfig):
     name = "endpoints"
 
     def ready(self) -> None:
+        # A turn's start and finish and the lock's release (endpoints/sql/),
+        # after every migrate.
+        post_migrate.connect(
+            installer(Path(__file__).parent / "sql"),
+            sender=self,
+            weak=False,
+            dispatch_uid="endpoints-sql",
+        )
         # What tickets needs about endpoints (tickets/ports.py): the arrow
         # between the apps points endpoints -> tickets only.
         from tickets.ports import EndpointDirectory, provide_endpoint_directory

@@ -1,7 +1,7 @@
 """Admission: a request becomes a ticket, or finds the ticket it already is.
 
 The transition is one database function, ``claimcheck_admit``
-(tickets/migrations/0001_initial.py): resolve the endpoint, find the
+(tickets/sql/claimcheck_admit.sql): resolve the endpoint, find the
 ticket holding the key, check quarantine, the busy policy and the circuit
 breaker, insert the ticket, its event and its trace count. A new ticket or a
 duplicate is one round trip; the function's answer for anything else is
@@ -158,7 +158,7 @@ def admit_ticket(
 # load (bench/admission_parts.py). _ticket_from_row reads it back.
 _TICKET_FIELDS = tuple(Ticket._meta.concrete_fields)
 _TICKET_ATTNAMES = [f.attname for f in _TICKET_FIELDS]
-# claimcheck_admit: tickets/migrations/0001_initial.py.
+# claimcheck_admit: tickets/sql/claimcheck_admit.sql.
 _ADMIT_SQL = (
     "SELECT * FROM claimcheck_admit(%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s::jsonb,"
     " %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s)"

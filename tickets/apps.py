@@ -1,5 +1,19 @@
+from pathlib import Path
+
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+from config.sqlfunctions import installer
 
 
 class TicketsConfig(AppConfig):
     name = "tickets"
+
+    def ready(self) -> None:
+        # Admission and a delivery's opening (tickets/sql/), after every migrate.
+        post_migrate.connect(
+            installer(Path(__file__).parent / "sql"),
+            sender=self,
+            weak=False,
+            dispatch_uid="tickets-sql",
+        )

@@ -51,7 +51,7 @@ def redispatch_if_free(lock: EndpointLock) -> None:
 def release_lock(*, endpoint_id: int, turn: Turn) -> None:
     """Release the lock held by ``turn`` (the caller holds the lock row) and,
     after commit, dispatch the endpoint's oldest queued ticket."""
-    # claimcheck_release_lock (endpoints/migrations/0002_initial.py),
+    # claimcheck_release_lock (endpoints/sql/claimcheck_release_lock.sql),
     # which the turn's finish calls too: the release is written in one place.
     # It raises when the turn does not hold the lock (the caller checked: a bug).
     with connection.cursor() as cur:

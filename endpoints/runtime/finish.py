@@ -109,7 +109,7 @@ class _Refused(Exception):
         self.written = written
 
 
-# claimcheck_finish_turn: endpoints/migrations/0002_initial.py.
+# claimcheck_finish_turn: endpoints/sql/claimcheck_finish_turn.sql.
 _FINISH_SQL = (
     "SELECT * FROM claimcheck_finish_turn(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,"
     " %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s, %s)"
@@ -137,7 +137,7 @@ def finish_turn(
     """Accept a turn's outcome only from the exact turn (DESIGN.md flow 2).
 
     The transition is the database function ``claimcheck_finish_turn``
-    (endpoints/migrations/0002_initial.py), one statement:
+    (endpoints/sql/claimcheck_finish_turn.sql), one statement:
 
     1. Lock ticket, lock row, turn (in that order).
     2. Exact means: ticket.turn, lock.holder and the turn are the same, the

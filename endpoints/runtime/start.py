@@ -64,7 +64,7 @@ _PARTS = (
     (Turn, [f.attname for f in Turn._meta.concrete_fields]),
     (Ticket, [f.attname for f in Ticket._meta.concrete_fields]),
 )
-# claimcheck_start_turn: endpoints/migrations/0002_initial.py.
+# claimcheck_start_turn: endpoints/sql/claimcheck_start_turn.sql.
 _START_SQL = (
     f"SELECT {_select(Endpoint, 'o_endpoint')}, {_select(Turn, 'o_turn')}, "
     f"{_select(Ticket, 'o_ticket')} "

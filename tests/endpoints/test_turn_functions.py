@@ -1,6 +1,6 @@
 """A turn's start and finish, each one database function
-(``claimcheck_start_turn``, ``claimcheck_finish_turn``: endpoints/migrations/
-0002_initial.py), against real PostgreSQL: one statement each, the
+(``claimcheck_start_turn``, ``claimcheck_finish_turn``: endpoints/sql/),
+against real PostgreSQL: one statement each, the
 rows a turn leaves, and the guards under races (threads, real row locks):
 two finishes of one turn, a stale ``seq``, a start racing a quarantine; and
 the rows each reads, whatever the backlog."""

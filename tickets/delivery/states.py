@@ -39,7 +39,7 @@ def on_root_terminal(*, ticket: Ticket) -> tuple[Delivery, dict[str, str] | None
     ticket, so a second call returns the existing row and nothing to record.
     The obligation stays open: delivery closes it.
     """
-    # claimcheck_open_delivery (tickets/migrations/0001_initial.py)
+    # claimcheck_open_delivery (tickets/sql/claimcheck_open_delivery.sql)
     # writes the row, the one place it is written: the turn's finish calls it
     # too. A plain INSERT: the caller holds the ticket's row lock (the
     # terminal transition), and the one-to-one constraint would refuse a
