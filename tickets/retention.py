@@ -86,7 +86,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    SELECT coalesce(array_agg(tr.id), '{{}}') INTO trace_ids FROM (
+    -- The candidates, one trace at a time: the rule is a subplan per trace
+    -- (OFFSET 0 keeps the planner from turning it into an anti-join over
+    -- the whole ticket table), so a batch reads the tickets of the traces
+    -- it looks at and stops at max_traces. Each candidate's row is locked; a trace an admission is
+    -- joining right now (it holds the row: the trace's count) is skipped.
+    SELECT coalesce(array_agg(c.id), '{{}}') INTO trace_ids FROM (
         SELECT tr.id FROM tickets_trace tr
          WHERE tr.created_at < cutoff
            AND NOT EXISTS (
@@ -132,9 +137,21 @@ BEGIN
                                    JOIN tickets_ticket y ON y.id = u.ticket_id
                                   WHERE u.id = t.completed_by_turn_id AND y.trace_id <> tr.id)
                   )
+                OFFSET 0
            )
          LIMIT max_traces
-    ) tr;
+         FOR UPDATE SKIP LOCKED
+    ) c;
+    -- A ticket that joined a candidate after this statement's snapshot and
+    -- before its lock (it committed in between) is not terminal: its trace
+    -- stays.
+    trace_ids := ARRAY(
+        SELECT x FROM pg_catalog.unnest(trace_ids) x
+         WHERE NOT EXISTS (
+             SELECT 1 FROM tickets_ticket t
+              WHERE t.trace_id = x
+                AND (t.state NOT IN ('succeeded', 'failed', 'cancelled', 'orphaned')
+                     OR t.finished_at IS NULL OR t.finished_at >= cutoff)));
 
     SELECT coalesce(array_agg(t.id), '{{}}') INTO ticket_ids
       FROM tickets_ticket t WHERE t.trace_id = ANY(trace_ids);

@@ -6,6 +6,7 @@ writing a state or a timestamp by hand."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from datetime import timedelta
 from io import StringIO
@@ -14,7 +15,7 @@ from unittest import mock
 import psycopg
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from endpoints import runtime
@@ -140,6 +141,52 @@ def test_prune_deletes_only_old_settled_traces(ledger):
     # Nothing more to do: a second run deletes nothing.
     again = retention.prune(older_than_days=30, keep_history=1)
     assert again.counts["tickets"] == 0
+
+
+def test_a_trace_an_admission_is_joining_is_skipped_and_kept(ledger):
+    """An admission joining an old, prunable trace holds the trace's row
+    until it commits: a prune meanwhile neither waits for it nor deletes the
+    trace, and once the new ticket is in, the trace is no longer prunable."""
+    done = ledger["done"]
+    joined: dict[str, uuid.UUID] = {}
+    holding, release = threading.Event(), threading.Event()
+
+    def join_the_trace():
+        try:
+            with transaction.atomic():
+                admitted = admit_ticket(
+                    endpoint="ret.echo", input={"n": 2}, trace_id=done.trace_id, actor="test"
+                )
+                joined["id"] = admitted.ticket.id
+                holding.set()
+                assert release.wait(30)
+        finally:
+            connection.close()
+
+    joiner = threading.Thread(target=join_the_trace)
+    joiner.start()
+    try:
+        assert holding.wait(30), "the admission did not start"
+        pruned: dict[str, retention.PruneReport] = {}
+
+        def prune():
+            try:
+                pruned["report"] = retention.prune(older_than_days=30, batch=10, keep_history=1)
+            finally:
+                connection.close()
+
+        pruner = threading.Thread(target=prune)
+        pruner.start()
+        pruner.join(20)
+        assert not pruner.is_alive(), "the prune waited for the admission's trace"
+        assert pruned["report"].counts["traces"] == 0, pruned["report"]
+    finally:
+        release.set()
+        joiner.join(30)
+    assert exists(done)
+    assert Ticket.objects.filter(id=joined["id"], trace_id=done.trace_id).exists()
+    again = retention.prune(older_than_days=30, keep_history=1)
+    assert again.counts["traces"] == 0 and exists(done)
 
 
 def test_the_latest_history_of_an_endpoint_is_kept(ledger):
