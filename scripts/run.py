@@ -447,10 +447,9 @@ def ensure_roles() -> None:
 
 # --- step 5: the application processes ---------------------------------------
 
-# Celery workers start without gossip and mingle: with one worker per queue
-# on one host neither has anything to exchange, and each costs seconds at
-# start and a broker round trip at every event.
-_CELERY_WORKER = ["worker", "--without-gossip", "--without-mingle", "--loglevel", "INFO"]
+# No --without-gossip/--without-mingle here: config/celery.py turns both off
+# for every worker, whatever its command line says.
+_CELERY_WORKER = ["worker", "--loglevel", "INFO"]
 
 
 def apps(port: int) -> dict[str, list[str]]:
