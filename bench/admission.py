@@ -136,7 +136,7 @@ def cte_params(keys: list[str]) -> list[dict]:
     from django.conf import settings
     from django.utils import timezone
 
-    from config.canonical import canonical_json
+    from core.canonical import canonical_json
     from tickets.ids import new_id
 
     rows = []
@@ -215,7 +215,7 @@ def raw_insert_loop(conn, rows: list[tuple]) -> float:
 
 def raw_send_loop(ids: list[str]) -> float:
     from config.celery import app
-    from config.dispatch import RUN_TICKET
+    from core.dispatch import RUN_TICKET
 
     started = time.perf_counter()
     for ticket_id in ids:
@@ -226,7 +226,7 @@ def raw_send_loop(ids: list[str]) -> float:
 def raw_cte_send_loop(conn, rows: list[dict]) -> float:
     from bench.floor_sql import ADMISSION_CTE as _FAST_SQL
     from config.celery import app
-    from config.dispatch import RUN_TICKET
+    from core.dispatch import RUN_TICKET
 
     started = time.perf_counter()
     for params in rows:

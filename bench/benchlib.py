@@ -47,7 +47,7 @@ def use_database(name: str) -> None:
     DATABASE_URL = f"{PG_SERVER}/{DB_NAME}"
 
 
-# The fair-share limits (config/fairshare.py) off: the benchmarks drive the
+# The fair-share limits (core/fairshare.py) off: the benchmarks drive the
 # ledger with one key at full speed. bench/fairshare.py measures the limits
 # and sets them itself.
 FAIR_SHARE_OFF = {

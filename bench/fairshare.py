@@ -4,7 +4,7 @@ another tenant's key times sequential ``GET /api/v1/tickets``: the same GETs
 timed with nobody else on the server first. Against gunicorn with the
 production settings (``deploy/gunicorn.conf.py``: 2 x cores + 1 processes of
 4 gthread threads), three times: with the fair-share limits off ("off"), at
-their defaults (config/fairshare.py, "on"), and at their defaults behind
+their defaults (core/fairshare.py, "on"), and at their defaults behind
 nginx as deployed (deploy/nginx.conf, "nginx": its per-key edge limit
 refuses floods before any Python runs). The figure is the victim's p99
 under attack over its quiet p99 (the goal: within 2x).
@@ -226,7 +226,7 @@ def main() -> None:
     benchlib.setup_django()
     from django.db import connection
 
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
     from endpoints.services import create_endpoint
 
     # No worker serves it: every ticket stays queued, every wait_s waits it out.

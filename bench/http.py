@@ -175,7 +175,7 @@ def main() -> None:
     import psycopg
     from django.db import connection
 
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
     from endpoints.services import create_endpoint
 
     endpoint = create_endpoint(

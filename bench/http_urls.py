@@ -17,7 +17,7 @@ from django.db import connection
 from django.urls import path
 from ninja import NinjaAPI, Schema
 
-from config.api import ApiKeyAuth
+from accounts.auth import ApiKeyAuth
 from config.urls import urlpatterns as project_urlpatterns
 from tickets.ids import new_id
 

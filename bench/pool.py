@@ -43,7 +43,7 @@ SETUP = """
 import django
 django.setup()
 from django.core.management import call_command
-from console.keys import create_api_key
+from accounts.keys import create_api_key
 from endpoints.services import create_endpoint
 call_command("migrate", "--no-input", verbosity=0)
 create_endpoint(address="pool.echo", runner={"kind": "python", "path": "endpoints.demo.echo"})

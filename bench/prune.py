@@ -134,7 +134,7 @@ def main() -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
     from endpoints.services import create_endpoint
     from tickets.retention import COUNTS, KEEP_HISTORY, PruneReport
 

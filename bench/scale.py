@@ -562,7 +562,7 @@ def child(args) -> None:
     from django.contrib.auth import get_user_model
     from django.db import connection
 
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
     from endpoints.services import create_endpoint
 
     runner = {"kind": "python", "path": "endpoints.demo.echo"}

@@ -47,7 +47,7 @@ import psycopg  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from config import embedded  # noqa: E402
+from core import embedded  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled", "orphaned"}
 STUCK = ("soak.stuck.a", "soak.stuck.b")

@@ -84,7 +84,7 @@ def main() -> None:
     benchlib.setup_django()
     from django.db import connection
 
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
     from endpoints.services import create_endpoint
 
     create_endpoint(address=ADDRESS, runner={"kind": "python", "path": "endpoints.demo.echo"})

@@ -5,34 +5,20 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, JsonResponse
 from ninja.errors import AuthenticationError, HttpError, ValidationError
-from ninja.security import HttpBearer
 
-from config import fairshare
-from config.errors import DomainError
-from config.inputs import JsonParser
+from accounts.auth import ApiKeyAuth
 from config.openapi import DocumentedErrorsAPI
+from core.errors import DomainError
+from core.inputs import JsonParser
 
 log = logging.getLogger(__name__)
 
 
-class ApiKeyAuth(HttpBearer):
-    def authenticate(self, request: HttpRequest, token: str):
-        from console.keys import user_for_key
-
-        user = user_for_key(token)
-        if user is not None:
-            request.user = user
-            # Its share of the web threads (429 rate_limited over it); the
-            # lease is released by FairShareMiddleware when the request answers.
-            fairshare.enter_request(request, user)
-        return user
-
-
 # JsonParser: JSON bodies only, refusing what PostgreSQL cannot store (400
 # naming the field); DocumentedErrorsAPI: every route's error statuses in the
-# OpenAPI document (config/inputs.py, config/openapi.py).
+# OpenAPI document (core/inputs.py, config/openapi.py).
 api = DocumentedErrorsAPI(
     title="Claimcheck",
     version="1",
@@ -83,7 +69,7 @@ def _http_error(request, exc: HttpError):
         # ("Cannot parse request body"); JsonParser's Invalid says what and where.
         return _domain_error(request, exc.__cause__)
     # One table of status -> code for the API and the error middleware.
-    from config.middleware import CODES
+    from core.middleware import CODES
 
     return error_response(exc.status_code, CODES.get(exc.status_code, "invalid"), str(exc))
 
@@ -103,15 +89,15 @@ def _body_too_big(request, exc):
 # --- Transient faults: 503 `unavailable` with Retry-After, never a 500 ----------------------
 # Registered per class: ninja looks a handler up by the exception's MRO.
 def _unavailable(request, exc):
-    from config.middleware import unavailable_response
-    from config.transient import drop_broken_connection
+    from core.middleware import unavailable_response
+    from core.transient import drop_broken_connection
 
     drop_broken_connection()
     return unavailable_response(request, exc)
 
 
 def _register_transient_handlers() -> None:
-    from config.transient import TRANSIENT_ERRORS
+    from core.transient import TRANSIENT_ERRORS
 
     for exc_class in TRANSIENT_ERRORS:
         api.add_exception_handler(exc_class, _unavailable)

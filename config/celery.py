@@ -2,33 +2,13 @@ import os
 
 from celery import Celery, signals
 
+from core.sweeps import SWEEP_TASKS, sweep_intervals
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("claimcheck")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-
-# Every sweep beat runs: the name it records its runs under (health.SweepRun,
-# read by /readyz) -> its task.
-SWEEP_TASKS = {
-    "budgets": "endpoints.sweep_budgets",
-    "lost_dispatches": "endpoints.sweep_lost_dispatches",
-    "deliveries": "tickets.sweep_deliveries",
-    "obligations": "tickets.sweep_obligations",
-}
-
-
-def sweep_intervals() -> dict[str, float]:
-    """Each sweep's beat period in seconds, by the name in ``SWEEP_TASKS``."""
-    from django.conf import settings
-
-    every = settings.SWEEP_INTERVAL_S
-    return {
-        "budgets": every,
-        "lost_dispatches": every,
-        "deliveries": every,
-        "obligations": settings.OBLIGATION_SWEEP_INTERVAL_S,
-    }
 
 
 @app.on_after_finalize.connect
@@ -104,7 +84,7 @@ def _database_connections(signal=None, task=None, **kwargs):
     a new one), so the check would only move that recovery earlier."""
     from django.db import close_old_connections, connection
 
-    from config.dispatch import RUN_TICKET
+    from core.dispatch import RUN_TICKET
 
     close_old_connections()
     if (
@@ -115,7 +95,7 @@ def _database_connections(signal=None, task=None, **kwargs):
         connection.health_check_done = True
 
 
-# --- Logs and metrics in the worker (config/logs.py, config/metrics.py) -----------------------
+# --- Logs and metrics in the worker (core/logs.py, config/metrics.py) -----------------------
 
 
 @signals.setup_logging.connect
@@ -131,8 +111,8 @@ def _logging(**kwargs):
 
 @signals.task_prerun.connect
 def _bind_task(task_id=None, task=None, args=None, **kwargs):
-    from config import logs
-    from config.dispatch import DELIVER, RUN_TICKET
+    from core import logs
+    from core.dispatch import DELIVER, RUN_TICKET
 
     logs.clear()
     fields = {"task": getattr(task, "name", ""), "task_id": task_id}
@@ -146,7 +126,7 @@ def _bind_task(task_id=None, task=None, args=None, **kwargs):
 
 @signals.task_postrun.connect
 def _unbind_task(**kwargs):
-    from config import logs
+    from core import logs
 
     logs.clear()
 
@@ -155,7 +135,7 @@ def _unbind_task(**kwargs):
 def _process_gone(pid=None, **kwargs):
     # A prefork child's live gauges leave with it (PROMETHEUS_MULTIPROC_DIR);
     # its counters stay in the host's total.
-    from config import metrics
+    from core import metrics
 
     if metrics.multiprocess_dir() and pid:
         from prometheus_client import multiprocess

@@ -14,7 +14,7 @@ request to it and back:
    server-to-client stream) and ``DELETE`` (ending a session) are 405, as
    the transport specification allows a server that offers neither.
 2. The caller is decided first, by the API's own bearer authentication
-   (``config.api.ApiKeyAuth``): no key or a wrong one is 401 before the
+   (``accounts.auth.ApiKeyAuth``): no key or a wrong one is 401 before the
    body is read.
 3. The request goes to the SDK's ``StreamableHTTPSessionManager`` as one
    ASGI call, on an event loop that ``asgiref.async_to_sync`` runs in a
@@ -40,18 +40,17 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from config.errors import DomainError, RateLimited
-from config.inputs import check_value
+from core.errors import DomainError, RateLimited
+from core.inputs import check_value
+from core.tools import Tool
 
 log = logging.getLogger(__name__)
 
@@ -67,23 +66,6 @@ INSTRUCTIONS = (
     "dedupe_conflict, endpoint_quarantined, circuit_open, rate_limited, unavailable, ...) "
     "and status."
 )
-
-
-@dataclass(frozen=True)
-class Tool:
-    """One MCP tool. ``params`` is a pydantic model: its JSON schema is the
-    tool's input schema and it validates every call. ``run(request,
-    params)`` returns the structured result, a JSON object."""
-
-    name: str
-    title: str
-    description: str
-    params: type[BaseModel]
-    run: Callable[[HttpRequest, Any], dict[str, Any]]
-    output: type[BaseModel] | None = None
-    read_only: bool = True
-    destructive: bool = False
-    idempotent: bool = True
 
 
 @cache
@@ -157,7 +139,7 @@ def run_tool(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool
     Every failure becomes an error result with the API's code, never an
     exception out of here: the SDK would turn one into a generic message.
     """
-    from config.transient import describe, drop_broken_connection, is_transient
+    from core.transient import describe, drop_broken_connection, is_transient
 
     tool = tools().get(name)
     if tool is None:
@@ -178,7 +160,7 @@ def run_tool(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool
         if not is_transient(exc):
             log.exception("mcp tool %s failed", name)
             return error_payload(500, "internal", "the server failed; the error is logged"), True
-        # As the API's 503 (config/middleware.py): repeating the same call
+        # As the API's 503 (core/middleware.py): repeating the same call
         # (the same dedupe key, for a submission) is safe.
         drop_broken_connection()
         retry_after = max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
@@ -316,8 +298,8 @@ def mcp_view(request: HttpRequest) -> HttpResponse:
     """``/mcp``: steps 1 to 3 of the module docstring."""
     from asgiref.sync import async_to_sync
 
-    from config.api import ApiKeyAuth
-    from config.middleware import body_too_large
+    from accounts.auth import ApiKeyAuth
+    from core.middleware import body_too_large
 
     if request.method != "POST":
         return _refuse(

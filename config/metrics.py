@@ -1,7 +1,6 @@
-"""Prometheus metrics: the series, the scrape-time database gauges, /metrics.
-
-Counters and histograms are incremented where the work happens (hooks in
-``config/observe.py``). Under gunicorn and Celery's prefork pool each
+"""Prometheus metrics: the scrape-time database gauges and /metrics (the
+series themselves are core/metrics.py, incremented where the work happens:
+``core/observe.py``). Under gunicorn and Celery's prefork pool each
 process counts on its own, so with ``PROMETHEUS_MULTIPROC_DIR`` set (one
 directory per host, emptied before the processes start) prometheus-client
 writes every process's values to memory-mapped files there and a scrape
@@ -24,7 +23,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-import os
 
 from django.conf import settings
 from django.http import Http404, HttpResponse
@@ -32,71 +30,14 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
-    Counter,
-    Histogram,
     generate_latest,
     multiprocess,
 )
 from prometheus_client.core import GaugeMetricFamily
 
+from core.metrics import multiprocess_dir
+
 log = logging.getLogger(__name__)
-
-_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600)
-_SWEEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-ADMISSIONS = Counter(
-    "claimcheck_admissions",
-    "Ticket admissions by outcome (admitted, duplicate, refused) and refusal reason "
-    "(the error code; empty unless refused).",
-    ["outcome", "reason"],
-)
-TRANSITIONS = Counter(
-    "claimcheck_ticket_transitions",
-    "Ticket state changes (tickets/lifecycle.transition), committed, by edge.",
-    ["from_state", "to_state"],
-)
-TURNS_STARTED = Counter("claimcheck_turns_started", "Turns started.")
-TURNS = Counter(
-    "claimcheck_turns",
-    "Turns that ended, by the ticket state they left it in: succeeded, failed, waiting "
-    "(for children), recovering (uncertain stop: quarantine), cancelled.",
-    ["outcome"],
-)
-TURN_DURATION = Histogram(
-    "claimcheck_turn_duration_seconds",
-    "From a turn's start to the ticket leaving running, by outcome.",
-    ["outcome"],
-    buckets=_DURATION_BUCKETS,
-)
-QUEUE_WAIT = Histogram(
-    "claimcheck_queue_wait_seconds",
-    "From a ticket's admission to the start of its turn.",
-    buckets=_DURATION_BUCKETS,
-)
-DELIVERY_ATTEMPTS = Counter(
-    "claimcheck_delivery_attempts",
-    "Webhook delivery attempts by status: 2xx, 3xx, 4xx, 5xx (the receiver's answer), "
-    "error (no answer: connection, timeout, DNS) or refused (the URL policy refused the target).",
-    ["status"],
-)
-SWEEP_DURATION = Histogram(
-    "claimcheck_sweep_duration_seconds",
-    "Wall time of each sweep run, by sweep.",
-    ["sweep"],
-    buckets=_SWEEP_BUCKETS,
-)
-SWEEP_RUNS = Counter(
-    "claimcheck_sweep_runs",
-    "Sweep runs by sweep and result: acted (did something), idle (nothing to do), "
-    "skipped (another sweeper held the lock, or a transient fault).",
-    ["sweep", "result"],
-)
-SWEEP_ACTIONS = Counter(
-    "claimcheck_sweep_actions",
-    "What the sweeps did, by sweep and action (interrupted, quarantined, redispatched, "
-    "published, overdue, callbacks, pruned_tickets, ...).",
-    ["sweep", "action"],
-)
 
 
 class LedgerCollector:
@@ -166,7 +107,7 @@ class LedgerCollector:
             for state in TURN_ACTIVE_STATES:
                 turns.add_metric([str(state)], active.get(str(state), 0))
         except Exception as exc:  # the database is down: say so, keep the counters
-            from config.transient import describe, drop_broken_connection  # noqa: PLC0415
+            from core.transient import describe, drop_broken_connection  # noqa: PLC0415
 
             log.warning("ledger gauges unavailable: %s", describe(exc))
             drop_broken_connection()
@@ -175,10 +116,6 @@ class LedgerCollector:
             return
         up.add_metric([], 1)
         yield from (up, queued, busy, endpoints, quarantined, cases, obligations, turns)
-
-
-def multiprocess_dir() -> str:
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 
 
 def render(*, ledger: bool = True) -> bytes:

@@ -5,7 +5,7 @@ ninja documents only the success statuses a route declares. ``document_errors``
 adds, to every operation:
 
 - the statuses any route can answer: 400 (unstorable text in the path,
-  query or headers: config/middleware.py), 413 (a body over
+  query or headers: core/middleware.py), 413 (a body over
   ``API_MAX_BODY_BYTES``) and 503 (the database or broker briefly away);
   401 when the route takes a key; 422 when it takes parameters or a body;
   404 when its path names an object; 403 when it changes something;
@@ -116,7 +116,7 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "POST /recovery/cases/{case_id}/lesson": {409},
 }
 UNLISTED_ERRORS = {403, 404, 409}
-# The IETF draft's RateLimit fields on a `rate_limited` answer (config/errors.py).
+# The IETF draft's RateLimit fields on a `rate_limited` answer (core/errors.py).
 RATE_LIMIT_HEADERS = {
     "RateLimit-Limit": "the limit the caller is over.",
     "RateLimit-Remaining": "what is left of it (0).",
@@ -130,7 +130,7 @@ def error_statuses(method: str, path: str, operation: dict[str, Any]) -> set[int
     statuses = {400, 413, 503}
     if operation.get("security"):
         statuses.add(401)
-        # A key's requests in flight are limited on every route (config/fairshare.py).
+        # A key's requests in flight are limited on every route (core/fairshare.py).
         statuses.add(429)
     if operation.get("parameters") or operation.get("requestBody"):
         statuses.add(422)

@@ -2,7 +2,7 @@
 
 With no ``DATABASE_URL`` / ``CELERY_BROKER_URL``, the embedded default:
 the PostgreSQL cluster and Redis server that `make run` starts under
-``var/``, on the unix sockets config/embedded.py names. Production and the
+``var/``, on the unix sockets core/embedded.py names. Production and the
 test suite set both to their servers.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import environ
 
-from config import embedded
-from config.logs import logging_config as logs_config
+from core import embedded
+from core.logs import logging_config as logs_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     # Swagger UI's JS and CSS from ninja's own static files (not a CDN).
     "ninja",
     "axes",
+    "accounts",
     "console",
     "endpoints",
     "tickets",
@@ -60,13 +61,13 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # First: the request id and incoming trace are bound for every log line,
-    # and echoed on every response (config/logs.py).
-    "config.logs.RequestContextMiddleware",
-    "config.middleware.ApiErrorShapeMiddleware",
+    # and echoed on every response (core/logs.py).
+    "core.tracing.RequestContextMiddleware",
+    "core.middleware.ApiErrorShapeMiddleware",
     # Before sessions and keys are looked up: a NUL in a cookie or a key
     # would otherwise reach PostgreSQL (and answer 500).
-    "config.middleware.InputGuardMiddleware",
-    "config.middleware.TransientFaultMiddleware",
+    "core.middleware.InputGuardMiddleware",
+    "core.middleware.TransientFaultMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files from the app server itself (runserver without DEBUG, and
     # gunicorn): no separate web server needed for the console's CSS and htmx.
@@ -77,7 +78,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Once the user is known: a console user's requests in flight are
     # counted, and every request's lease is released when it answers.
-    "config.fairshare.FairShareMiddleware",
+    "core.fairshare.FairShareMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -167,7 +168,7 @@ DATABASE_APP_ROLE = env.str("DATABASE_APP_ROLE", default="") or (
 TURN_CHAIN_MAX = max(1, env.int("TURN_CHAIN_MAX", default=20))
 TURN_CHAIN_WINDOW_S = env.float("TURN_CHAIN_WINDOW_S", default=1.0)
 # API keys verified in this process are remembered this many seconds (0: off),
-# at most API_KEY_CACHE_SIZE of them (console/keys.py): a revocation or a
+# at most API_KEY_CACHE_SIZE of them (accounts/keys.py): a revocation or a
 # user's deactivation made elsewhere takes effect here within this delay.
 API_KEY_CACHE_S = env.float("API_KEY_CACHE_S", default=10.0)
 API_KEY_CACHE_SIZE = env.int("API_KEY_CACHE_SIZE", default=1024)
@@ -325,7 +326,7 @@ ADMISSION_MAX_WAIT_S = env.float("ADMISSION_MAX_WAIT_S", default=60.0)
 # stay for requests. A tab over the limit polls until a slot frees.
 CONSOLE_LIVE_WAIT_S = env.float("CONSOLE_LIVE_WAIT_S", default=25.0)
 CONSOLE_LIVE_SLOTS = env.int("CONSOLE_LIVE_SLOTS", default=2)
-# Fair share per user (config/fairshare.py; docs/api.md "Fair share"): every
+# Fair share per user (core/fairshare.py; docs/api.md "Fair share"): every
 # API key of a user and their console session share these. Admissions per
 # window in `limits` notation ("" for none); requests in flight and wait_s
 # waits across all web processes (0 for no limit). A wait_s also needs one
@@ -348,7 +349,7 @@ RETENTION_DAYS = env.float("RETENTION_DAYS", default=0.0)
 RETENTION_INTERVAL_S = env.float("RETENTION_INTERVAL_S", default=86400.0)
 RETENTION_BATCH = env.int("RETENTION_BATCH", default=500)
 
-# --- Transient faults (config/transient.py) ------------------------------------
+# --- Transient faults (core/transient.py) ------------------------------------
 # How long a worker keeps trying to start or finish a turn (record an outcome
 # it knows) through a database outage, with capped backoff, before it gives up
 # and leaves the turn to the budget sweep.
@@ -378,7 +379,7 @@ RUNNER_PYTHON_ALLOWED_PREFIXES = env.list(
     "RUNNER_PYTHON_ALLOWED_PREFIXES", default=["endpoints.demo."]
 )
 RUNNER_COMMAND_ALLOWED = env.list("RUNNER_COMMAND_ALLOWED", default=[])
-# Named secrets a runner may reference (config/secrets.py): a file of
+# Named secrets a runner may reference (core/secrets.py): a file of
 # NAME=value lines on the worker host, and the environment variables a
 # runner may name (nothing else in the environment is reachable).
 RUNNER_SECRETS_FILE = env.str("RUNNER_SECRETS_FILE", default="")
@@ -405,7 +406,7 @@ AGENT_PRELOAD = env.list("AGENT_PRELOAD", default=[])
 MAX_TURN_BUDGET_S = 7 * 24 * 3600
 # No CELERY_BROKER_URL: the embedded Redis on its unix socket.
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or embedded.broker_url(VAR_DIR)
-# Where the fair-share counters live (config/fairshare.py): the broker's
+# Where the fair-share counters live (core/fairshare.py): the broker's
 # Redis by default (its unix socket in the embedded default); "memory://":
 # each process counts alone. Unreachable: requests pass unlimited, with a
 # WARNING (fail open).
@@ -439,7 +440,7 @@ CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
-# --- Logs (config/logs.py) and metrics (config/metrics.py) ------------------------------------
+# --- Logs (core/logs.py) and metrics (config/metrics.py) ------------------------------------
 # json: one JSON object per line (production); console: the classic line with
 # the ids appended (`make run`). Both carry request, ticket, turn and trace ids.
 LOG_FORMAT = env.str("LOG_FORMAT", default="console")

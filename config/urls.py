@@ -29,6 +29,6 @@ urlpatterns = [
 ]
 
 # A transient fault raised outside a view (a middleware saving the session)
-# is a 503, not Django's 500 page (config/middleware.py).
-handler500 = "config.middleware.server_error"
-handler400 = "config.middleware.bad_request"
+# is a 503, not Django's 500 page (core/middleware.py).
+handler500 = "core.middleware.server_error"
+handler400 = "core.middleware.bad_request"

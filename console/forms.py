@@ -8,7 +8,7 @@ import json
 
 from django import forms
 
-from config import limits
+from core import limits
 from recovery.models import DecisionAction
 
 

@@ -23,7 +23,7 @@ from django.http import Http404
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from config.errors import Invalid
+from core.errors import Invalid
 from endpoints.models import Endpoint, EndpointAlias, EndpointState, Turn
 from endpoints.selectors import owned_endpoint_ids, workers_overview
 from recovery.models import CaseEvidence, CaseState, Decision, Inspection, Lesson, RecoveryCase

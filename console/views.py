@@ -28,7 +28,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from config.errors import DomainError, Invalid, NotFound
+from core.errors import DomainError, Invalid, NotFound
 from endpoints.selectors import endpoint_payload, is_owner, resolve_endpoint, sees_configuration
 from health.checks import readiness
 from recovery import selectors as recovery_selectors

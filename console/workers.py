@@ -9,7 +9,7 @@ from django.http import Http404
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from config.errors import DomainError
+from core.errors import DomainError
 from endpoints.selectors import workers_overview
 from recovery import services as recovery_services
 

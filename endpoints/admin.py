@@ -1,14 +1,15 @@
 """View-only admin for endpoints and their runtime records
-(config/readonly_admin.py says why and how)."""
+(core/readonly_admin.py says why and how)."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.db.models import Q
 
-from config.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
+from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
 
 from .models import ContextEntry, Endpoint, EndpointAlias, EndpointLock, Turn
+from .selectors import resolve_endpoint
 
 
 @admin.register(Endpoint)
@@ -34,7 +35,7 @@ class EndpointAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         # A unique CharField has a varchar_pattern_ops index on PostgreSQL:
         # a case-sensitive prefix match uses it.
-        return any_of(Q(address__startswith=term), endpoint_q(term, "id"))
+        return any_of(Q(address__startswith=term), endpoint_q(term, resolve_endpoint, "id"))
 
 
 @admin.register(EndpointAlias)
@@ -47,7 +48,7 @@ class EndpointAliasAdmin(ReadOnlyAdmin):
     raw_id_fields = ("endpoint",)
 
     def search_q(self, term: str) -> Q | None:
-        return any_of(Q(alias__startswith=term), endpoint_q(term))
+        return any_of(Q(alias__startswith=term), endpoint_q(term, resolve_endpoint))
 
 
 @admin.register(EndpointLock)
@@ -60,7 +61,7 @@ class EndpointLockAdmin(ReadOnlyAdmin):
     raw_id_fields = ("endpoint", "holder")
 
     def search_q(self, term: str) -> Q | None:
-        return any_of(endpoint_q(term), uuid_q(term, "holder_id"))
+        return any_of(endpoint_q(term, resolve_endpoint), uuid_q(term, "holder_id"))
 
 
 @admin.register(Turn)
@@ -83,7 +84,7 @@ class TurnAdmin(ReadOnlyAdmin):
     raw_id_fields = ("endpoint", "ticket")
 
     def search_q(self, term: str) -> Q | None:
-        return any_of(uuid_q(term, "id", "ticket_id"), endpoint_q(term))
+        return any_of(uuid_q(term, "id", "ticket_id"), endpoint_q(term, resolve_endpoint))
 
 
 @admin.register(ContextEntry)
@@ -97,4 +98,4 @@ class ContextEntryAdmin(ReadOnlyAdmin):
     raw_id_fields = ("endpoint", "turn", "ticket")
 
     def search_q(self, term: str) -> Q | None:
-        return any_of(endpoint_q(term), uuid_q(term, "turn_id", "ticket_id"))
+        return any_of(endpoint_q(term, resolve_endpoint), uuid_q(term, "turn_id", "ticket_id"))

@@ -9,9 +9,10 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 from ninja.security import HttpBearer
 
-from config import limits
-from config.errors import Forbidden, NotFound
-from config.schemas import StrictTyped
+from accounts.auth import ApiKeyAuth
+from core import limits
+from core.errors import Forbidden, NotFound
+from core.schemas import StrictTyped
 from tickets.selectors import iso, visible_tickets
 
 from . import runners, runtime, services
@@ -193,18 +194,8 @@ class TurnTokenAuth(HttpBearer):
         return turn
 
 
-class ApiKeyFallback(HttpBearer):
-    """The API's own key authentication, looked up when called: config.api
-    imports this module while it builds the API."""
-
-    def authenticate(self, request: HttpRequest, token: str):
-        from config.api import ApiKeyAuth
-
-        return ApiKeyAuth().authenticate(request, token)
-
-
 TURN_ONLY = TurnTokenAuth(required=True)
-TURN_OR_KEY = [TurnTokenAuth(required=False), ApiKeyFallback()]
+TURN_OR_KEY = [TurnTokenAuth(required=False), ApiKeyAuth()]
 
 
 def turn_payload(turn: Turn) -> dict[str, Any]:

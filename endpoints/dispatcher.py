@@ -23,8 +23,8 @@ import threading
 from django.conf import settings
 from django.db import close_old_connections, connections
 
-from config.dispatch import DISPATCH_CHANNEL
-from config.listen import connect_listener, describe_target, listen_params
+from core.dispatch import DISPATCH_CHANNEL
+from core.listen import connect_listener, describe_target, listen_params
 
 from . import runtime
 

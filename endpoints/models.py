@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from config import limits
+from core import limits
 from tickets.ids import new_id
 
 

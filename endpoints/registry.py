@@ -13,7 +13,7 @@ import uuid
 from django.db import connection
 from django.utils import timezone
 
-from config.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection
+from core.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection
 
 from .models import Worker, WorkerSlot
 

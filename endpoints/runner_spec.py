@@ -1,5 +1,5 @@
 """The runner dict's schema: which fields each kind takes, their types, and
-where a credential may appear (only as a named secret, ``config/secrets.py``).
+where a credential may appear (only as a named secret, ``core/secrets.py``).
 
 ``problem(runner)`` is the one check, pure (no DNS, no settings but the
 limits): the API refuses a runner it finds fault with (400 ``invalid``
@@ -34,9 +34,9 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from config.errors import Invalid
-from config.limits import URL_CHARS
-from config.secrets import check_name, secret
+from core.errors import Invalid
+from core.limits import URL_CHARS
+from core.secrets import check_name, secret
 
 KINDS = ("python", "command", "http", "agent")
 ISOLATIONS = ("process", "inline")
@@ -274,7 +274,7 @@ def secret_headers(runner: dict[str, Any]) -> tuple[dict[str, str], dict[str, st
     """The http runner's configured headers with their secrets resolved on
     this host, and ``{value: secret name}`` of the values resolved (for
     redacting them from anything the agent sends back). Raises
-    ``config.secrets.SecretMissing`` naming a secret this host lacks."""
+    ``core.secrets.SecretMissing`` naming a secret this host lacks."""
     headers: dict[str, str] = {}
     resolved: dict[str, str] = {}
     for name, value in (runner.get("headers") or {}).items():

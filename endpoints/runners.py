@@ -28,9 +28,9 @@ from typing import Any
 
 import httpx
 
-from config import outbound, tracing
-from config.errors import Invalid
-from config.secrets import SecretMissing
+from core import outbound, tracing
+from core.errors import Invalid
+from core.secrets import SecretMissing
 
 from . import runner_spec
 from .runner_spec import ISOLATIONS, KILL_AFTER_MAX_S

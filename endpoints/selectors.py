@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Q
 
-from config.errors import NotFound
+from core.errors import NotFound
 from tickets.selectors import iso
 
 from . import runner_spec

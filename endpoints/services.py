@@ -13,8 +13,8 @@ from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from config import outbound
-from config.errors import Invalid, NotFound
+from core import outbound
+from core.errors import Invalid, NotFound
 
 from . import runner_spec, runners
 from .models import BusyPolicy, Endpoint, EndpointAlias, EndpointEvent, EndpointLock, RunnerKind
@@ -47,7 +47,7 @@ def validate_runner(runner: Any) -> dict[str, Any]:
 
 
 def _check_runner_url(key: str, url: str) -> None:
-    """The outbound URL policy (config/outbound.py, the webhooks' too) for an
+    """The outbound URL policy (core/outbound.py, the webhooks' too) for an
     agent's URL: the runtime POSTs there with a turn's credential, so it must
     not reach a host the operator has not allowed (server-side request
     forgery). The runner checks it again at send time."""

@@ -8,8 +8,8 @@ import uuid
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from config import observe
-from config.dispatch import RUN_TICKET
+from core import observe
+from core.dispatch import RUN_TICKET
 from health.services import sweep_run
 
 from . import dispatcher, runtime

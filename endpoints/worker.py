@@ -81,7 +81,7 @@ def _pass_shutdown_to_turns(sig=None, how=None, exitcode=None, **kwargs) -> None
     shutdown (the sentinel), and a signal now would only race it."""
     from celery.worker import state
 
-    from config.dispatch import RUN_TICKET
+    from core.dispatch import RUN_TICKET
 
     busy = {
         r.worker_pid for r in list(state.active_requests) if r.name == RUN_TICKET and r.worker_pid
@@ -144,7 +144,7 @@ def _install_pool_handler(sender=None, **kwargs) -> None:
     records, and the SIGTERM handler (billiard installs its own after
     ``worker_process_init``, so it is done here; ours hands an idle process
     back to billiard's)."""
-    from config.dispatch import RUN_TICKET
+    from core.dispatch import RUN_TICKET
 
     request = getattr(sender, "request", None)
     registry.set_node(getattr(request, "hostname", "") or "")

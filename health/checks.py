@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from config.transient import TRANSIENT_ERRORS, drop_broken_connection
+from core.transient import TRANSIENT_ERRORS, drop_broken_connection
 
 DB_STATEMENT_TIMEOUT_MS = 1000
 BROKER_TIMEOUT_S = 1.0
@@ -96,7 +96,7 @@ def check_broker() -> Check:
                 "socket_connect_timeout": BROKER_TIMEOUT_S,
                 "socket_timeout": BROKER_TIMEOUT_S,
             }
-            if url.startswith("redis+socket://"):  # the embedded Redis (config/embedded.py)
+            if url.startswith("redis+socket://"):  # the embedded Redis (core/embedded.py)
                 path = url.removeprefix("redis+socket://").split("?", 1)[0]
                 client = redis.Redis(unix_socket_path=path, **timeouts)
             else:
@@ -106,9 +106,9 @@ def check_broker() -> Check:
             finally:
                 client.close()
         else:  # another kombu transport
-            from config.celery import app
+            from celery import current_app
 
-            with app.connection_for_write() as conn:
+            with current_app.connection_for_write() as conn:
                 conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT_S)
 
     ok, detail, ms = _timed(probe)
@@ -119,7 +119,7 @@ def check_sweeps(now: datetime | None = None) -> list[Check]:
     """Each sweep must have finished within ``SWEEP_PERIODS_ALLOWED`` of its
     periods: otherwise beat or the control worker is down, and overruns go
     unpunished, lost dispatches and deliveries wait."""
-    from config.celery import SWEEP_TASKS, sweep_intervals
+    from core.sweeps import SWEEP_TASKS, sweep_intervals
 
     from .models import SweepRun
 

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from config import observe
-from config.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
+from core import observe
+from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
 
 from .models import SweepRun
 
@@ -23,7 +23,7 @@ def record_sweep(*, name: str) -> None:
     sweep's period, so however many beats or workers run the sweep, the row
     is written at most twice per period (and /readyz, which allows three
     periods, still sees it fresh)."""
-    from config.celery import sweep_intervals
+    from core.sweeps import sweep_intervals
 
     now = timezone.now()
     gap = timedelta(seconds=sweep_intervals().get(name, 0.0) / 2)

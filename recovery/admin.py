@@ -1,4 +1,4 @@
-"""View-only admin for recovery records (config/readonly_admin.py says why
+"""View-only admin for recovery records (core/readonly_admin.py says why
 and how). Deciding a case is the owners' work through recovery/services.py,
 from the console, the API or the commands: never here."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db.models import Q
 
-from config.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
+from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
+from endpoints.selectors import resolve_endpoint
 
 from .models import CaseEvidence, Decision, Inspection, Lesson, RecoveryCase
 
@@ -33,7 +34,9 @@ class RecoveryCaseAdmin(ReadOnlyAdmin):
     raw_id_fields = ("endpoint", "turn", "ticket")
 
     def search_q(self, term: str) -> Q | None:
-        return any_of(uuid_q(term, "id", "ticket_id", "turn_id"), endpoint_q(term))
+        return any_of(
+            uuid_q(term, "id", "ticket_id", "turn_id"), endpoint_q(term, resolve_endpoint)
+        )
 
 
 @admin.register(CaseEvidence)

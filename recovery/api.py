@@ -7,7 +7,7 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 
-from config.schemas import Strict
+from core.schemas import Strict
 
 from . import selectors, services
 from .schemas import CaseOut, DecisionOut, InspectionOut, LessonWrittenOut, ProcessStopOut

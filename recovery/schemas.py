@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.schemas import Out
+from core.schemas import Out
 
 
 class InspectionOut(Out):

@@ -12,8 +12,8 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from config.canonical import canonical_json
-from config.errors import Invalid, NotFound
+from core.canonical import canonical_json
+from core.errors import Invalid, NotFound
 from endpoints.models import ContextEntry, EndpointLock, Turn
 from endpoints.selectors import owned_endpoint_ids
 from tickets.models import Callback, Ticket, TicketEvent

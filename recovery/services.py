@@ -24,8 +24,8 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from config import limits
-from config.errors import DedupeConflict, Invalid, InvalidTransition, NotFound
+from core import limits
+from core.errors import DedupeConflict, Invalid, InvalidTransition, NotFound
 from endpoints.models import Turn, TurnState
 from endpoints.runtime import resolve_uncertain_turn
 from endpoints.selectors import is_owner

@@ -14,7 +14,7 @@ Steps, each printed with its time:
    (``make install``'s marker, for the test tools, is another file).
 2. servers: the PostgreSQL cluster (``var/pgdata``) and the Redis server
    (``var/redis``) from their wheels, on unix sockets in
-   config/embedded.py's socket directory; ready when ``pg_isready`` and a
+   core/embedded.py's socket directory; ready when ``pg_isready`` and a
    PING say so (polled with a deadline; a server that exits fails the step
    at once with its log's tail). Skipped for a server whose URL is set
    (``DATABASE_URL``, ``CELERY_BROKER_URL``). PostgreSQL refuses to run as
@@ -71,11 +71,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load_embedded():
-    """config/embedded.py by its path: importing the ``config`` package would
+    """core/embedded.py by its path: importing the ``config`` package would
     load the Celery app, which this Python does not have."""
-    spec = importlib.util.spec_from_file_location(
-        "claimcheck_embedded", ROOT / "config/embedded.py"
-    )
+    spec = importlib.util.spec_from_file_location("claimcheck_embedded", ROOT / "core/embedded.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -42,7 +42,7 @@ def pytest_configure(config):
     _fair_share_off()
 
 
-# The fair-share limits (config/fairshare.py) as the suite runs: off, since
+# The fair-share limits (core/fairshare.py) as the suite runs: off, since
 # many tests admit tickets and wait on them faster and more at once than a
 # production caller may. Tests of the limits turn them on (the ``settings``
 # fixture in-process, the environment of the servers they start).
@@ -127,9 +127,9 @@ def _fast_password_hashing(settings):
 
 @pytest.fixture(autouse=True)
 def _fresh_api_key_cache():
-    """Each test starts with no verified key remembered (console/keys.py):
+    """Each test starts with no verified key remembered (accounts/keys.py):
     a test's database is rolled back, the process-wide cache is not."""
-    from console.keys import key_cache
+    from accounts.keys import key_cache
 
     key_cache.clear()
     yield
@@ -143,7 +143,7 @@ def staff_user(django_user_model):
 
 @pytest.fixture
 def api_key(staff_user):
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
 
     _, key = create_api_key(username=staff_user.username)
     return key

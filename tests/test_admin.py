@@ -1,5 +1,5 @@
 """The Django admin is view-only for every ledger record (tickets/admin.py,
-endpoints/admin.py, recovery/admin.py on config/readonly_admin.py): pages
+endpoints/admin.py, recovery/admin.py on core/readonly_admin.py): pages
 render with real data, every write is refused, and the big tables' change
 lists never count a whole table."""
 
@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from config.readonly_admin import CappedPaginator
+from core.readonly_admin import CappedPaginator
 from endpoints import runtime
 from endpoints.runners import Outcome
 from recovery import services as recovery

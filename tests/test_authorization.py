@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
+from accounts.keys import create_api_key
 from config.api import api as ninja_api
-from console.keys import create_api_key
 from endpoints import runtime
 from endpoints.services import create_endpoint
 from recovery import services as recovery_services

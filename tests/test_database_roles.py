@@ -15,8 +15,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from config.append_only import AppendOnly
-from config.db_roles import grant_app_role
+from core.append_only import AppendOnly
+from core.db_roles import grant_app_role
 from health.models import SweepRun
 from tests.conftest import ROOT, wait_for
 from tests.db_roles import OWNER, connect, owner_session, two_roles

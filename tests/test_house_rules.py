@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from config.errors import Invalid
+from core.errors import Invalid
 from endpoints import runtime
 from endpoints.models import BusyPolicy, EndpointLock, EndpointState, Turn, TurnState
 from endpoints.ports import case_keeper
@@ -117,9 +117,9 @@ def test_an_endpoint_has_one_open_case_at_most(started):
 
 def test_text_caps_come_from_one_source():
     """A text's cap is the same in the API's schema, the service behind it,
-    the console's form and the column (config/limits.py)."""
-    from config import limits
+    the console's form and the column (core/limits.py)."""
     from console.forms import DecisionForm, LessonForm
+    from core import limits
     from endpoints.api import EndpointIn
     from endpoints.models import Endpoint
     from recovery import services as recovery

@@ -50,7 +50,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from config.errors import (
+from core.errors import (
     DedupeConflict,
     EndpointBusy,
     EndpointQuarantined,

@@ -159,7 +159,7 @@ def test_503s_log_one_warning_a_second_with_their_cause_and_no_error(api, caplog
     """An outage is one event: a WARNING naming the cause at most once a
     second per process (with the count it stood for), never Django's
     ERROR line per 5xx."""
-    from config import middleware
+    from core import middleware
 
     # No line logged recently (raising=False: the test also runs on code without the throttle).
     throttle = {"at": -1e9, "suppressed": 0}

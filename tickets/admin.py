@@ -1,4 +1,4 @@
-"""View-only admin for the ledger (config/readonly_admin.py says why and how).
+"""View-only admin for the ledger (core/readonly_admin.py says why and how).
 
 Searches name what the indexes serve: a ticket by id, endpoint address,
 trace id or ``address:dedupe_key`` (the unique index); related rows by the
@@ -10,9 +10,14 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db.models import Q
 
-from config.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
+from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
 
 from .models import Callback, Delivery, DeliveryAttempt, Ticket, TicketEvent, Trace
+from .ports import endpoint_directory
+
+
+def _resolve(address: str):
+    return endpoint_directory().resolve(address)
 
 
 @admin.register(Ticket)
@@ -51,10 +56,10 @@ class TicketAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         address, sep, key = term.partition(":")
         # Addresses are slugs (no ':'), so the first ':' separates the key.
-        keyed = endpoint_q(address) if sep and key else None
+        keyed = endpoint_q(address, _resolve) if sep and key else None
         return any_of(
             uuid_q(term, "id"),
-            endpoint_q(term),
+            endpoint_q(term, _resolve),
             Q(trace_id=term) if len(term) <= 64 else None,
             keyed & Q(dedupe_key=key) if keyed is not None else None,
         )

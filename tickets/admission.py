@@ -23,9 +23,9 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import connection
 from django.utils import timezone
 
-from config import observe
-from config.canonical import canonical_json
-from config.errors import (
+from core import observe
+from core.canonical import canonical_json
+from core.errors import (
     CircuitOpen,
     DedupeConflict,
     EndpointBusy,
@@ -35,7 +35,7 @@ from config.errors import (
     NotFound,
     TooLarge,
 )
-from config.limits import DEDUPE_KEY_CHARS, TRACE_ID_CHARS
+from core.limits import DEDUPE_KEY_CHARS, TRACE_ID_CHARS
 
 from .ids import new_id
 from .models import (

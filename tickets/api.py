@@ -11,10 +11,10 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 
-from config import fairshare, limits, tracing
-from config.errors import Invalid
-from config.schemas import Strict
-from config.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
+from core import fairshare, limits, tracing
+from core.errors import Invalid
+from core.schemas import Strict
+from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
 
 from . import admission, delivery, lifecycle, obligations, retry, selectors, traces, waits
 from .models import TERMINAL_STATES, Ticket
@@ -64,7 +64,7 @@ def answer_admitted(request: HttpRequest, admitted: admission.Admitted, wait_s: 
     """The answer to a committed admission: 201 (200 for a duplicate) with
     the ticket as it stands, never an error (API.md: a committed admission
     is never 503). With ``wait_s`` it waits for a terminal state when a
-    wait slot is free (config/fairshare.py; none free: it answers at once);
+    wait slot is free (core/fairshare.py; none free: it answers at once);
     a wait or a re-read that meets a transient fault (the database or the
     listener's connection gone) answers with the ticket as it was last
     read, else as it was committed."""

@@ -3,7 +3,7 @@ from pathlib import Path
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
-from config.sqlfunctions import installer
+from core.sqlfunctions import installer
 
 
 class TicketsConfig(AppConfig):

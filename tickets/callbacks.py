@@ -13,9 +13,9 @@ import uuid
 from django.db import transaction
 from django.utils import timezone
 
-from config.errors import DomainError
+from core.errors import DomainError
 
-from .lifecycle import append_event, update_fields
+from .events import append_event, update_fields
 from .models import TERMINAL_STATES, Callback, CallbackState, Ticket, TicketEvent
 
 log = logging.getLogger(__name__)

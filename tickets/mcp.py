@@ -16,10 +16,10 @@ from django.conf import settings
 from django.http import HttpRequest
 from pydantic import Field
 
-from config import limits
-from config.errors import Invalid
-from config.mcp import Tool
-from config.schemas import Out, Strict
+from core import limits
+from core.errors import Invalid
+from core.schemas import Out, Strict
+from core.tools import Tool
 
 from . import api, selectors
 from .ports import endpoint_directory

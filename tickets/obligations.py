@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.utils import timezone
 
-from config import limits
-from config.errors import Forbidden, Invalid, InvalidTransition, NotFound
+from core import limits
+from core.errors import Forbidden, Invalid, InvalidTransition, NotFound
 
-from .lifecycle import update_fields
+from .events import update_fields
 from .models import ObligationState, Ticket
 from .ports import endpoint_directory
 

@@ -23,7 +23,7 @@ function created by migration ``tickets.0001_initial`` and owned by the
 owner role. The application role may EXECUTE it and nothing more: it still
 has no DELETE or TRUNCATE on the append-only tables (events, delivery
 attempts), whose triggers stay enabled and let a DELETE through only inside
-that function (config/append_only.py). The function re-checks the rule
+that function (core/append_only.py). The function re-checks the rule
 itself; the caller chooses only the cutoff (at least a day ago) and the batch
 size.
 """
@@ -177,7 +177,7 @@ BEGIN
     END IF;
 
     -- The append-only triggers let these DELETEs through: this transaction,
-    -- this function's owner (config/append_only.py).
+    -- this function's owner (core/append_only.py).
     PERFORM pg_catalog.set_config('claimcheck.pruning', 'on', true);
     DELETE FROM tickets_deliveryattempt a WHERE a.delivery_id = ANY(delivery_ids);
     GET DIAGNOSTICS attempts = ROW_COUNT;

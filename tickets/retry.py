@@ -17,8 +17,8 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
-from config import limits
-from config.errors import Forbidden, Invalid, InvalidTransition
+from core import limits
+from core.errors import Forbidden, Invalid, InvalidTransition
 
 from . import lifecycle
 from .admission import admit_ticket

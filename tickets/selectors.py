@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
-from config.errors import Invalid, NotFound
+from core.errors import Invalid, NotFound
 
 from .models import CallbackState, DeliveryState, Ticket, TicketEvent, TicketState
 from .ports import endpoint_directory

@@ -7,8 +7,8 @@ import uuid
 
 from celery import shared_task
 
-from config import observe
-from config.dispatch import DELIVER
+from core import observe
+from core.dispatch import DELIVER
 from health.services import sweep_run, tolerate_transient
 
 from . import callbacks, delivery, obligations

@@ -7,7 +7,7 @@ does not: its statement already wakes the dispatcher (``DISPATCH_CHANNEL``),
 and nobody can be waiting on a ticket before it exists, so that
 notification stands for "a ticket was admitted". One listener thread per
 web process holds the only LISTEN connection (both channels; it connects to
-``DATABASE_LISTEN_URL`` when set: config/listen.py) and wakes the
+``DATABASE_LISTEN_URL`` when set: core/listen.py) and wakes the
 requests waiting on that id, and those waiting on any change (``ANY``: the
 console's lists and dashboard), which every notification of either channel
 wakes. A waiting request reads once after it subscribed (so a change that
@@ -32,8 +32,8 @@ from collections import defaultdict
 
 from django.db import connection
 
-from config.dispatch import DISPATCH_CHANNEL
-from config.listen import connect_listener, listen_params
+from core.dispatch import DISPATCH_CHANNEL
+from core.listen import connect_listener, listen_params
 
 log = logging.getLogger(__name__)
 

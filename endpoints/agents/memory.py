@@ -37,7 +37,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from config.canonical import canonical_json
+from core.canonical import canonical_json
 
 log = logging.getLogger(__name__)
 

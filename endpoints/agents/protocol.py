@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from config.canonical import canonical_json
+from core.canonical import canonical_json
 
 # The tool every adapter gives its agent: ``delegate(endpoint, input)``.
 DELEGATE_TOOL = "delegate"

@@ -30,7 +30,7 @@ from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApp
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_core import to_jsonable_python
 
-from config.canonical import canonical_json
+from core.canonical import canonical_json
 
 from . import _idempotency_key
 from .protocol import (

@@ -32,8 +32,8 @@ import os
 import time
 from typing import Any
 
-from config import secrets
-from config.canonical import canonical_json
+from core import secrets
+from core.canonical import canonical_json
 
 from ..runners import Child, Outcome, Resume, RunnerError, TurnContext, Wait
 from . import ADAPTERS, _turn_id, derive_key, memory
@@ -118,7 +118,7 @@ def preload(runner: dict[str, Any]) -> None:
 
 def _export_secrets(runner: dict[str, Any]) -> None:
     """Model credentials by name: ``secrets: {ENV_VAR: SECRET_NAME}`` puts
-    the named secret (config/secrets.py) into this turn's process
+    the named secret (core/secrets.py) into this turn's process
     environment, where the framework's provider looks for it. The value
     never reaches the runner dict, the ledger or a log."""
     for env_name, secret_name in (runner.get("secrets") or {}).items():

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import transaction
 
-from config.errors import Forbidden, Invalid, NotFound
+from core.errors import Forbidden, Invalid, NotFound
 from tickets import lifecycle
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketState

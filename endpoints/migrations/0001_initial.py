@@ -1,10 +1,10 @@
 """The endpoint tables, without their references to tickets (0002).
-Endpoint events are append-only (config/append_only.py)."""
+Endpoint events are append-only (core/append_only.py)."""
 
 import tickets.ids
 from django.db import migrations, models
 
-from config.append_only import AppendOnly
+from core.append_only import AppendOnly
 
 
 class Migration(migrations.Migration):

@@ -1,7 +1,7 @@
 """The endpoint tables' references to tickets (a second migration: tickets
 reference endpoints and turns, so the two apps' tables are created in
 three steps, endpoints, tickets, then these). The turn's functions are in
-endpoints/sql/, installed after every migrate (config/sqlfunctions.py)."""
+endpoints/sql/, installed after every migrate (core/sqlfunctions.py)."""
 
 import django.db.models.deletion
 from django.conf import settings

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from config.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection, retry_transient
+from core.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection, retry_transient
 from tickets import lifecycle
 
 from .. import runners

@@ -11,13 +11,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from config.dispatch import (
+from core.dispatch import (
     RUN_TICKET,
     messages_in_flight,
     publish,
     publish_now,
 )
-from config.transient import TRANSIENT_DB_ERRORS
+from core.transient import TRANSIENT_DB_ERRORS
 from tickets.models import Ticket, TicketState
 
 from ..models import (

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
-from config.transient import (
+from core.transient import (
     retry_transient,
 )
 from tickets.models import Ticket, TicketState

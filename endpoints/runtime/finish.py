@@ -17,11 +17,11 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import connection, transaction
 
-from config import observe
-from config.canonical import canonical_json
-from config.dispatch import DELIVER, publish
-from config.errors import DomainError, StaleTurn
-from tickets import lifecycle
+from core import observe
+from core.canonical import canonical_json
+from core.dispatch import DELIVER, publish
+from core.errors import DomainError, StaleTurn
+from tickets import lifecycle, terminal
 from tickets.ids import new_id
 from tickets.models import CallbackState, Ticket, TicketState
 
@@ -328,7 +328,7 @@ def _after(*, ticket: Ticket, turn: Turn, written: _Written, outcome: Outcome, a
     if written.turn_state in (TurnState.COMPLETED, TurnState.FAILED):
         _record_callback(ticket, actor)
     if ticket.return_to_id is not None:
-        lifecycle.after_terminal(ticket_id=ticket.id)
+        terminal.after_terminal(ticket_id=ticket.id)
 
 
 def _answer(

@@ -16,8 +16,8 @@ from typing import Protocol
 from django.db import connection, transaction
 from django.utils import timezone
 
-from config.errors import StaleTurn
-from config.transient import (
+from core.errors import StaleTurn
+from core.transient import (
     TRANSIENT_DB_ERRORS,
     backoff_delay,
     describe,

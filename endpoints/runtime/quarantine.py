@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from config.errors import StaleTurn
+from core.errors import StaleTurn
 from tickets import lifecycle
 from tickets.models import Ticket, TicketState
 
@@ -100,7 +100,7 @@ def resolve_uncertain_turn(
     """
     if resolution not in (TurnState.UNRESOLVED, TurnState.STOPPED):
         raise ValueError(f"unknown resolution {resolution!r}")
-    from config.errors import InvalidTransition
+    from core.errors import InvalidTransition
 
     turn = Turn.objects.filter(id=turn_id).first()
     if turn is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from config.canonical import canonical_json
+from core.canonical import canonical_json
 from tickets import lifecycle
 
 from ..models import Turn

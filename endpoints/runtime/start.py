@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Model
 
-from config import observe
+from core import observe
 from tickets.ids import new_id
 from tickets.models import Ticket, TicketState
 

@@ -1,12 +1,12 @@
 """The recovery tables. Inspections, decisions, lessons and case evidence
-are the audit record: append-only (config/append_only.py)."""
+are the audit record: append-only (core/append_only.py)."""
 
 import django.db.models.deletion
 import tickets.ids
 from django.conf import settings
 from django.db import migrations, models
 
-from config.append_only import AppendOnly
+from core.append_only import AppendOnly
 
 
 class Migration(migrations.Migration):

@@ -155,7 +155,7 @@ def test_a_denied_call_tells_the_agent_why(agent_ep, api):
 
 
 def test_only_owners_read_the_conversation(agent_ep, api, django_user_model):
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
 
     ask("remember the code is 42")
     body = api.get("/endpoints/demo.agent/conversation").json()

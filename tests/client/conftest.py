@@ -57,7 +57,7 @@ def recorder():
 @pytest.fixture
 def user_key(transactional_db):
     """``user_key(username)``: an API key of a plain (not staff) user."""
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
 
     def make(username: str) -> str:
         return create_api_key(username=username)[1]

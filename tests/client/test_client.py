@@ -221,7 +221,7 @@ def test_too_large_invalid_and_circuit_open(cc, endpoint, settings):
 def test_a_429_rate_limited_is_retried_after_its_retry_after(
     cc, server, api_key, endpoint, settings
 ):
-    """Over the server's admission limit (config/fairshare.py, counted in
+    """Over the server's admission limit (core/fairshare.py, counted in
     Redis): the client waits the 429's Retry-After and repeats with the same
     key; with no retries left it raises RateLimited with the wait."""
     endpoint("metered")

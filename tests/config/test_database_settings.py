@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import runpy
 
-from config import listen
 from config.celery import drop_connection_pool
+from core import listen
 from tests.conftest import ROOT
 
 

@@ -1,4 +1,4 @@
-"""Fair share per caller (config/fairshare.py): admissions per window,
+"""Fair share per caller (core/fairshare.py): admissions per window,
 requests in flight and ``wait_s`` waits per user, counted in the test
 Redis; a counter store that is away lets requests through (fail open)."""
 
@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from config import fairshare
-from console.keys import create_api_key
+from accounts.keys import create_api_key
+from core import fairshare
 from tests.conftest import wait_for
 from tickets.models import Ticket
 
@@ -128,11 +128,11 @@ def test_an_unreachable_counter_store_fails_open_with_one_warning(
     fair_share.RATE_LIMIT_ADMISSIONS = "1/minute"
     fair_share.RATE_LIMIT_CONCURRENT_REQUESTS = 1
     make_endpoint("open")
-    with caplog.at_level(logging.WARNING, logger="config.fairshare"):
+    with caplog.at_level(logging.WARNING, logger="core.fairshare"):
         for n in range(3):
             r = api.post("/tickets", {"endpoint": "open", "input": {"n": n}})
             assert r.status_code == 201, r.content
-    lines = [r.getMessage() for r in caplog.records if r.name == "config.fairshare"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "core.fairshare"]
     assert len(lines) == 1 and "unreachable" in lines[0] and "unlimited" in lines[0], lines
 
 

@@ -1,7 +1,7 @@
 """Input PostgreSQL cannot store, oversized bodies, bodies that are not JSON
 and loosely typed numbers: each is a clear 400/413/422 in the documented
-shape, naming the field, and nothing is written (config/inputs.py, the
-parser in config/api.py and InputGuardMiddleware in config/middleware.py)."""
+shape, naming the field, and nothing is written (core/inputs.py, the
+parser in config/api.py and InputGuardMiddleware in core/middleware.py)."""
 
 from __future__ import annotations
 
@@ -372,7 +372,7 @@ def test_a_surrogate_written_as_raw_utf8_bytes_is_400(client, api, make_endpoint
 
 
 def test_the_walk_names_deep_places_without_recursing():
-    from config.inputs import Unstorable, loads
+    from core.inputs import Unstorable, loads
 
     deep = '{"a": ' * 500 + '"\\u0000"' + "}" * 500
     with pytest.raises(Unstorable) as info:

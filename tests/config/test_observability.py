@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from config import logs, tracing
+from core import logs, tracing
 from tests.conftest import wait_for
 from tests.tickets.test_delivery import SECRET, Receiver
 from tickets.models import Ticket

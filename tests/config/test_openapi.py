@@ -10,8 +10,8 @@ import re
 import pytest
 from django.test import override_settings
 
+from accounts.keys import create_api_key
 from config.openapi import STATUSES
-from console.keys import create_api_key
 from tickets.admission import admit_ticket
 
 pytestmark = pytest.mark.django_db

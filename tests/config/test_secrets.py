@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from config.errors import Invalid
-from config.secrets import SecretMissing, secret
+from core.errors import Invalid
+from core.secrets import SecretMissing, secret
 
 
 def test_secret_from_file_wins_and_follows_edits(tmp_path, settings):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from config import sqlfunctions
+from core import sqlfunctions
 from tests.db_roles import owner_session
 
 pytestmark = pytest.mark.django_db

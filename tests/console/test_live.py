@@ -14,8 +14,8 @@ import pytest
 from django.db import connection, connections
 from django.test import Client
 
-from config.dispatch import DISPATCH_CHANNEL
 from console.owners import create_owner
+from core.dispatch import DISPATCH_CHANNEL
 from endpoints import runtime
 from tickets import lifecycle, waits
 from tickets import selectors as ticket_selectors

@@ -267,7 +267,7 @@ def test_a_quarantined_endpoint_admits_and_starts_nothing(make_endpoint):
     runtime.request_interrupt(turn_id=turn.id, reason="deadline", actor="t")
     _past_grace(turn)
     runtime.quarantine_turn(turn_id=turn.id)
-    from config.errors import EndpointQuarantined
+    from core.errors import EndpointQuarantined
 
     with pytest.raises(EndpointQuarantined):
         admit_ticket(endpoint=address, input={"after": True})

@@ -15,8 +15,8 @@ import time
 import pytest
 from django.db import IntegrityError, OperationalError
 
-from config.errors import StaleTurn
-from config.transient import is_transient, retry_transient
+from core.errors import StaleTurn
+from core.transient import is_transient, retry_transient
 from endpoints import runners, runtime
 from endpoints.models import ContextEntry, EndpointLock, Turn
 from endpoints.runners import Outcome
@@ -64,7 +64,7 @@ def fail_first(n, real, exc=OperationalError):
 @pytest.mark.django_db(transaction=True)
 def test_transient_errors_are_retried_with_a_warning_naming_what(caplog):
     flaky = fail_first(2, lambda: "done")
-    with caplog.at_level(logging.WARNING, logger="config.transient"):
+    with caplog.at_level(logging.WARNING, logger="core.transient"):
         value = retry_transient(flaky, what="finish of turn T seq 7", max_s=10, base_s=0.01)
     assert value == "done"
     assert len(flaky.calls) == 3
@@ -132,7 +132,7 @@ def test_a_finish_whose_commit_lost_its_reply_is_recorded_exactly_once(
     assert any(
         str(turn.id) in r.getMessage() and f"seq {turn.seq}" in r.getMessage()
         for r in caplog.records
-        if r.name == "config.transient" and r.levelno == logging.WARNING
+        if r.name == "core.transient" and r.levelno == logging.WARNING
     )
 
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from console.keys import create_api_key
+from accounts.keys import create_api_key
 
 pytestmark = pytest.mark.django_db
 

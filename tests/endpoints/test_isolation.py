@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from config.errors import Invalid
+from core.errors import Invalid
 from endpoints.models import Endpoint, Turn
 from endpoints.services import validate_runner
 from recovery.models import RecoveryCase

@@ -11,8 +11,8 @@ import pytest
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
-from config.errors import Invalid
 from console.owners import create_owner
+from core.errors import Invalid
 from endpoints import runtime
 from endpoints.models import Endpoint, EndpointEvent
 from endpoints.services import create_endpoint, update_endpoint

@@ -1,6 +1,6 @@
 """Runner configuration holds no secrets (API.md "Runner details are for
 owners and staff"): each runner kind takes its own fields only, credentials
-only as named secrets (config/secrets.py) resolved on the worker when the
+only as named secrets (core/secrets.py) resolved on the worker when the
 turn runs, never stored, logged or shown; and the runner's settings and
 submitter lists are shown to the endpoint's owners and staff only."""
 
@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.core.management import CommandError, call_command
 
-from console.keys import create_api_key
+from accounts.keys import create_api_key
 from endpoints import runtime
 from endpoints.models import Endpoint
 from endpoints.services import create_endpoint

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from config.dispatch import RUN_TICKET
+from core.dispatch import RUN_TICKET
 from endpoints import runtime
 from endpoints.models import Turn
 from tests.conftest import purge_broker, queued_tasks

@@ -86,7 +86,7 @@ def test_a_turn_from_before_tokens_accepts_no_credential(api):
 
 
 def test_reading_a_turn_takes_its_token_or_a_key_that_sees_its_ticket(api, django_user_model):
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
 
     s = started("read")
     assert api.as_key(s.token).get(f"/turns/{s.turn.id}").status_code == 200

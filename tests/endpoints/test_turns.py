@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from config.celery import app as celery_app
-from config.dispatch import RUN_TICKET
+from core.dispatch import RUN_TICKET
 from endpoints.models import Endpoint, EndpointLock, Turn
 from endpoints.runner_spec import COMMAND_BASE_ENV
 from tests.conftest import TEST_RUNNER_SECRET, broker_queue_length, purge_broker, wait_for
@@ -454,7 +454,7 @@ def test_only_a_turn_skips_the_health_check_between_tasks():
     connection.ensure_connection()
     from types import SimpleNamespace
 
-    from config.dispatch import DELIVER
+    from core.dispatch import DELIVER
 
     run_ticket, deliver = SimpleNamespace(name=RUN_TICKET), SimpleNamespace(name=DELIVER)
     _database_connections(signal=signals.task_prerun, task=run_ticket)

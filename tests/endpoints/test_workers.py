@@ -22,7 +22,7 @@ def _turns_worker(api) -> dict | None:
 
 
 def test_workers_route_is_staff_only(api, django_user_model, client):
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
 
     django_user_model.objects.create_user("plain", password="pw")
     _, key = create_api_key(username="plain")

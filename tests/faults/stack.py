@@ -98,7 +98,7 @@ import sys
 import django
 django.setup()
 from django.core.management import call_command
-from console.keys import create_api_key
+from accounts.keys import create_api_key
 call_command("migrate", "--no-input", verbosity=0)
 _, key = create_api_key(username=sys.argv[1], staff=True)
 print(key)
@@ -234,7 +234,7 @@ class Stack:
             except httpx.HTTPError:
                 return False
         if name == "beat":
-            # Routine "Sending due task" lines are DEBUG (config/logs.py).
+            # Routine "Sending due task" lines are DEBUG (core/logs.py).
             return b"beat: Starting" in recent
         return b" ready." in recent
 

@@ -10,8 +10,8 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from config.celery import SWEEP_TASKS
 from console.owners import create_owner
+from core.sweeps import SWEEP_TASKS
 from endpoints import runtime
 from endpoints import tasks as endpoint_tasks
 from health.models import SweepRun

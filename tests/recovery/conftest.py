@@ -94,7 +94,7 @@ def quarantine(stuck_endpoint):
 
 @pytest.fixture
 def owner_api(api, owner):
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
 
     _, key = create_api_key(username=owner.username)
     return api.as_key(key)
@@ -102,7 +102,7 @@ def owner_api(api, owner):
 
 @pytest.fixture
 def outsider_api(api, outsider):
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
 
     _, key = create_api_key(username=outsider.username)
     return api.as_key(key)

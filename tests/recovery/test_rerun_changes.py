@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from config.errors import Invalid
 from console.owners import create_owner
+from core.errors import Invalid
 from endpoints import runtime
 from endpoints.models import Turn
 from recovery import services

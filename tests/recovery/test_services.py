@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.db import connections
 
-from config.errors import (
+from core.errors import (
     CircuitOpen,
     EndpointQuarantined,
     Invalid,

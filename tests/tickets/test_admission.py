@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.db import connection, connections
 
-from config.errors import DedupeConflict
+from core.errors import DedupeConflict
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 

@@ -22,10 +22,10 @@ from django.test import override_settings
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
-from config import outbound
-from config.dispatch import DELIVER
-from config.errors import Invalid
-from console.keys import create_api_key
+from accounts.keys import create_api_key
+from core import outbound
+from core.dispatch import DELIVER
+from core.errors import Invalid
 from endpoints import runtime
 from tests.conftest import purge_broker, queued_tasks, wait_for
 from tickets import delivery, lifecycle, tasks

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 def key_of(username: str, **kw) -> str:
-    from console.keys import create_api_key
+    from accounts.keys import create_api_key
 
     return create_api_key(username=username, **kw)[1]
 

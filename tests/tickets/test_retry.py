@@ -9,8 +9,8 @@ import threading
 import pytest
 from django.db import connection
 
-from config.errors import EndpointQuarantined, Invalid, InvalidTransition, NotFound
-from console.keys import create_api_key
+from accounts.keys import create_api_key
+from core.errors import EndpointQuarantined, Invalid, InvalidTransition, NotFound
 from endpoints import runtime
 from endpoints.models import Turn
 from tests.conftest import wait_for

@@ -14,8 +14,8 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 from django.test import Client
 
-from config import tracing
-from console.keys import create_api_key
+from accounts.keys import create_api_key
+from core import tracing
 from endpoints.services import create_endpoint
 from tickets.models import Ticket, Trace
 

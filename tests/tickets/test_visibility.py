@@ -9,8 +9,8 @@ from django.contrib.auth.models import Group
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from config.errors import Forbidden, NotFound
-from console.keys import create_api_key
+from accounts.keys import create_api_key
+from core.errors import Forbidden, NotFound
 from endpoints.services import update_endpoint
 from tickets import selectors
 from tickets.admission import admit_ticket

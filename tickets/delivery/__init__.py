@@ -3,7 +3,7 @@
 Modules: ``states`` (the state machine below: open, approve, acknowledge),
 ``signing`` (Standard Webhooks headers, the retry schedule), ``sending``
 (one attempt: claim, the URL policy again, the pinned send of
-config/outbound.py, the record), ``sweep`` (due deliveries re-published).
+core/outbound.py, the record), ``sweep`` (due deliveries re-published).
 
 Done is not delivered: a terminal root ticket gets one ``Delivery`` row (its id
 is the stable ``webhook-id``) and a ``delivery_state`` of its own, which never

@@ -1,5 +1,5 @@
 """Sending one webhook attempt: claim, check the URL again and send
-pinned (config/outbound.py), record the answer."""
+pinned (core/outbound.py), record the answer."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from config import limits, outbound, tracing
-from config.errors import Invalid
-from config.transient import retry_transient
+from core import limits, outbound, tracing
+from core.errors import Invalid
+from core.transient import retry_transient
 
-from ..lifecycle import update_fields
+from ..events import update_fields
 from ..models import Delivery, DeliveryAttempt, DeliveryState
 from ..selectors import ticket_payload
 from .signing import backoff_s, signed_headers, signer

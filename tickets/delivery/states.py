@@ -11,12 +11,12 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from config import outbound
-from config.dispatch import DELIVER, publish
-from config.errors import Forbidden, InvalidTransition, NotFound
+from core import outbound
+from core.dispatch import DELIVER, publish
+from core.errors import Forbidden, InvalidTransition, NotFound
 
+from ..events import set_recorded_fields, update_fields
 from ..ids import new_id
-from ..lifecycle import set_recorded_fields, update_fields
 from ..models import Delivery, DeliveryState, ObligationState, Ticket
 from ..ports import endpoint_directory
 

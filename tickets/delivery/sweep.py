@@ -7,7 +7,7 @@ import uuid
 
 from django.utils import timezone
 
-from config.dispatch import DELIVER, publish
+from core.dispatch import DELIVER, publish
 
 from ..models import Delivery
 

@@ -1,21 +1,21 @@
 """The ledger's tables, and what the database holds of its rules besides:
 
 - the append-only triggers of events and delivery attempts
-  (config/append_only.py);
+  (core/append_only.py);
 - ``claimcheck_prune_ledger`` (tickets/retention.py): retention's one
   privileged path, a SECURITY DEFINER function owned by the migrating
   (owner) role; the application role is granted EXECUTE after migrate
-  (config/db_roles.py).
+  (core/db_roles.py).
 
 The transition functions (admission, a delivery's opening) are in
-tickets/sql/, installed after every migrate (config/sqlfunctions.py)."""
+tickets/sql/, installed after every migrate (core/sqlfunctions.py)."""
 
 import django.db.models.deletion
 import tickets.ids
 from django.conf import settings
 from django.db import migrations, models
 
-from config.append_only import AppendOnly
+from core.append_only import AppendOnly
 from tickets.retention import DROP_SQL, function_sql
 
 
@@ -260,7 +260,7 @@ class Migration(migrations.Migration):
             constraint=models.CheckConstraint(condition=models.Q(('mode__in', ['webhook', 'pull'])), name='delivery_mode_valid'),
         ),
         # Events and delivery attempts are written once: UPDATE, DELETE and
-        # TRUNCATE refused (config/append_only.py).
+        # TRUNCATE refused (core/append_only.py).
         AppendOnly("tickets_ticketevent", "tickets_deliveryattempt"),
         migrations.RunPython(_fill_event_index_pages, _reset_event_index_pages),
         migrations.RunPython(_prune_function, _drop_prune_function),

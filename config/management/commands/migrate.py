@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.commands import migrate
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from config.db_roles import connect_as
+from core.db_roles import connect_as
 
 
 class Command(migrate.Command):

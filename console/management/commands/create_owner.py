@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from config.errors import DomainError
 from console.owners import create_owner
+from core.errors import DomainError
 
 
 class Command(BaseCommand):

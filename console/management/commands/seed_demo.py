@@ -6,8 +6,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from console.keys import create_api_key
-from console.models import ApiKey
+from accounts.keys import create_api_key
+from accounts.models import ApiKey
 from console.owners import create_owner
 from endpoints.models import Endpoint
 from endpoints.services import add_owner, create_endpoint

@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
-from config.errors import DomainError
+from core.errors import DomainError
 
 
 def user_named(username: str):

@@ -68,7 +68,7 @@ class CircuitOpen(DomainError):
 
 
 class RateLimited(DomainError):
-    """The caller is over one of its fair-share limits (config/fairshare.py).
+    """The caller is over one of its fair-share limits (core/fairshare.py).
     The response carries ``Retry-After`` and the IETF draft's
     ``RateLimit-Limit`` / ``RateLimit-Remaining`` / ``RateLimit-Reset``."""
 

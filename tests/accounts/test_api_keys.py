@@ -1,4 +1,4 @@
-"""API keys and the cache of verified keys (console/keys.py): revocation and
+"""API keys and the cache of verified keys (accounts/keys.py): revocation and
 deactivation take effect at once in the process that made them and within
 API_KEY_CACHE_S elsewhere; the cache is keyed by the key's hash, holds no
 plaintext key and stays within its size."""
@@ -10,8 +10,8 @@ import hashlib
 import pytest
 from django.core.management import call_command
 
-from console.keys import KeyCache, create_api_key, key_cache, revoke_api_key, user_for_key
-from console.models import ApiKey
+from accounts.keys import KeyCache, create_api_key, key_cache, revoke_api_key, user_for_key
+from accounts.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import current_app
 from django.db import transaction
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ def publish_now(task_name: str, ids: list[str]) -> int:
     transaction), over one producer connection. Returns how many were sent
     (the first ones); the caller decides what becomes of the rest
     (``endpoints.runtime.dispatch`` marks them owed again)."""
-    from config.celery import app
+    app = current_app
 
     sent = 0
     try:
@@ -45,7 +46,7 @@ def publish(task_name: str, *args: Any, countdown: float | None = None) -> None:
     """Send ``task_name(*args)`` once the current transaction commits."""
 
     def send() -> None:
-        from config.celery import app
+        app = current_app
 
         try:
             app.send_task(task_name, args=list(args), countdown=countdown)
@@ -70,7 +71,7 @@ def messages_in_flight(task_name: str, ids: set[str], *, workers: int) -> set[st
     import base64
     import json
 
-    from config.celery import app
+    app = current_app
 
     queue = app.amqp.router.route({}, task_name)["queue"].name
     found: set[str] = set()
@@ -113,7 +114,7 @@ def _reserved_by_live_workers(task_name: str, workers: int, timeout: float = 1.0
     """The ids of ``task_name`` messages the workers that answer within
     ``timeout`` hold reserved (Celery's remote control, answered by each
     worker's main process even while every pool slot is busy)."""
-    from config.celery import app
+    app = current_app
 
     try:
         replies = app.control.inspect(timeout=timeout, limit=workers).reserved() or {}

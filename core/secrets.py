@@ -24,7 +24,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from config.errors import Invalid
+from core.errors import Invalid
 
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 

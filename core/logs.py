@@ -167,15 +167,15 @@ def logging_config(*, fmt: str, level: str) -> dict[str, Any]:
             "timestamp": False,
         }
         if fmt == "json"
-        else {"()": "config.logs.ConsoleFormatter"}
+        else {"()": "core.logs.ConsoleFormatter"}
     )
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "filters": {
-            "context": {"()": "config.logs.ContextFilter"},
-            "redact": {"()": "config.logs.RedactFilter"},
-            "routine": {"()": "config.logs.RoutineFilter"},
+            "context": {"()": "core.logs.ContextFilter"},
+            "redact": {"()": "core.logs.RedactFilter"},
+            "routine": {"()": "core.logs.RoutineFilter"},
         },
         "formatters": {"main": formatter},
         "handlers": {
@@ -196,59 +196,3 @@ def logging_config(*, fmt: str, level: str) -> dict[str, Any]:
             "mcp": {"level": "WARNING"},
         },
     }
-
-
-# --- Web: request id and the incoming trace ------------------------------------------------
-
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
-
-
-def request_id_of(request) -> str:
-    """The client's ``X-Request-ID`` when it is a short token, else a new one."""
-    given = request.headers.get("X-Request-ID", "")
-    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-
-
-def _clear_on_finish(**kwargs: Any) -> None:
-    clear()
-
-
-class RequestContextMiddleware:
-    """First in the stack: bind ``request_id`` (and the trace id of a valid
-    ``traceparent``) for every line logged while the request is handled;
-    answer with ``X-Request-ID`` and, when the request concerns a trace,
-    ``traceparent`` (config/tracing.py). A malformed ``traceparent`` is
-    ignored, never an error.
-
-    The ids stay bound until Django's ``request_finished`` (and are cleared
-    again when the thread's next request starts): Django logs a 4xx/5xx
-    ("Not Found: …") after the middleware has returned."""
-
-    def __init__(self, get_response):
-        from django.core.signals import request_finished  # noqa: PLC0415
-
-        self.get_response = get_response
-        request_finished.connect(_clear_on_finish, dispatch_uid="claimcheck-logs-clear")
-
-    def __call__(self, request):
-        from config import tracing  # noqa: PLC0415 - tracing imports nothing of ours
-
-        request_id = request_id_of(request)
-        incoming = tracing.parse_traceparent(request.headers.get("traceparent", ""))
-        request.claimcheck_request_id = request_id
-        request.claimcheck_traceparent = incoming
-        clear()
-        fields: dict[str, Any] = {"request_id": request_id}
-        if incoming is not None:
-            fields["trace_id"] = incoming.trace_id
-        bind(**fields)
-        answer = tracing.begin_response()
-        try:
-            response = self.get_response(request)
-            response["X-Request-ID"] = request_id
-            header = tracing.response_traceparent(incoming, answer)
-            if header:
-                response["traceparent"] = header
-            return response
-        finally:
-            tracing.end_response(answer)

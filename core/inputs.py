@@ -14,7 +14,7 @@ reach a query and fail there as a 500:
 
 Bodies are checked by ``JsonParser`` (ninja's parser, config/api.py) as
 they are parsed; the path, the query string, headers and console form fields
-by ``InputGuardMiddleware`` (config/middleware.py) before anything is routed.
+by ``InputGuardMiddleware`` (core/middleware.py) before anything is routed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja.parser import Parser
 
-from config.errors import Invalid
+from core.errors import Invalid
 
 # In Python's str a NUL is "\x00" and a lone surrogate one code point in
 # U+D800..U+DFFF (json.loads makes one from an unpaired "\udc00" escape).

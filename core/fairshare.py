@@ -51,7 +51,7 @@ from limits import RateLimitItem, parse_many
 from limits.storage import RedisStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
-from config.errors import RateLimited
+from core.errors import RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def _redis_usable() -> bool:
 
 def _fail_open(what: str, exc: BaseException) -> None:
     """Let the request through; say so now and then."""
-    from config.transient import describe
+    from core.transient import describe
 
     now = time.monotonic()
     with _State.lock:
@@ -318,7 +318,7 @@ def _session_user(request):
     """The logged-in console user, or None. A database that is away while
     the session is read is the view's to meet (it answers 503 where its
     transient faults are handled): here it only means nothing is counted."""
-    from config.transient import TRANSIENT_ERRORS
+    from core.transient import TRANSIENT_ERRORS
 
     user = getattr(request, "user", None)
     try:

@@ -26,6 +26,8 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
+from core import logs
+
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
@@ -86,8 +88,6 @@ def incoming_traceparent(request) -> str | None:
 
 
 def current_trace_id() -> str | None:
-    from config import logs  # noqa: PLC0415
-
     return logs.current().get("trace_id")
 
 
@@ -108,8 +108,6 @@ def outgoing_headers(trace_id: str | None = None) -> dict[str, str]:
 def delivery_headers(ticket) -> dict[str, str]:
     """A webhook attempt's ``traceparent``; also binds the ticket's ids for
     the attempt's log lines (tickets/delivery.send)."""
-    from config import logs  # noqa: PLC0415
-
     logs.bind(ticket_id=ticket.id, endpoint=ticket.endpoint.address, trace_id=ticket.trace_id)
     return outgoing_headers(ticket.trace_id)
 
@@ -141,3 +139,57 @@ def response_traceparent(incoming: TraceParent | None, token: Token) -> str | No
     if not trace_id:
         return None
     return traceparent_for(trace_id, flags=incoming.flags if incoming else "01")
+
+
+# --- Web: request id and the incoming trace ------------------------------------------------
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+
+
+def request_id_of(request) -> str:
+    """The client's ``X-Request-ID`` when it is a short token, else a new one."""
+    given = request.headers.get("X-Request-ID", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+def _clear_on_finish(**kwargs: Any) -> None:
+    logs.clear()
+
+
+class RequestContextMiddleware:
+    """First in the stack: bind ``request_id`` (and the trace id of a valid
+    ``traceparent``) for every line logged while the request is handled;
+    answer with ``X-Request-ID`` and, when the request concerns a trace,
+    ``traceparent``. A malformed ``traceparent`` is
+    ignored, never an error.
+
+    The ids stay bound until Django's ``request_finished`` (and are cleared
+    again when the thread's next request starts): Django logs a 4xx/5xx
+    ("Not Found: …") after the middleware has returned."""
+
+    def __init__(self, get_response):
+        from django.core.signals import request_finished  # noqa: PLC0415
+
+        self.get_response = get_response
+        request_finished.connect(_clear_on_finish, dispatch_uid="claimcheck-logs-clear")
+
+    def __call__(self, request):
+        request_id = request_id_of(request)
+        incoming = parse_traceparent(request.headers.get("traceparent", ""))
+        request.claimcheck_request_id = request_id
+        request.claimcheck_traceparent = incoming
+        logs.clear()
+        fields: dict[str, Any] = {"request_id": request_id}
+        if incoming is not None:
+            fields["trace_id"] = incoming.trace_id
+        logs.bind(**fields)
+        answer = begin_response()
+        try:
+            response = self.get_response(request)
+            response["X-Request-ID"] = request_id
+            header = response_traceparent(incoming, answer)
+            if header:
+                response["traceparent"] = header
+            return response
+        finally:
+            end_response(answer)

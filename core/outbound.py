@@ -25,7 +25,7 @@ import httpcore
 import httpx
 from django.conf import settings
 
-from config.errors import Invalid
+from core.errors import Invalid
 
 # --- The policy ---------------------------------------------------------------------------
 
@@ -46,7 +46,7 @@ def host_listed(host: str, allowed: list[str]) -> bool:
     return False
 
 
-# IPv6 forms that carry an IPv4 address (config/outbound.py ``is_public``).
+# IPv6 forms that carry an IPv4 address (core/outbound.py ``is_public``).
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215 local use
 _TEREDO = ipaddress.ip_network("2001::/32")

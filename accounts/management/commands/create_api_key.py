@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from console.keys import create_api_key
+from accounts.keys import create_api_key
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from console.keys import revoke_api_key
-from console.models import ApiKey
+from accounts.keys import revoke_api_key
+from accounts.models import ApiKey
 
 
 class Command(BaseCommand):

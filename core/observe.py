@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import transaction
 
-from config import logs, metrics, tracing
+from core import logs, metrics, tracing
 
 log = logging.getLogger("claimcheck.observe")
 
@@ -82,8 +82,8 @@ def transition(
 
 def admission(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator for ``admit_ticket``."""
-    from config.errors import DomainError  # noqa: PLC0415
-    from config.transient import TRANSIENT_ERRORS  # noqa: PLC0415
+    from core.errors import DomainError  # noqa: PLC0415
+    from core.transient import TRANSIENT_ERRORS  # noqa: PLC0415
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

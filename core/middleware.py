@@ -13,7 +13,7 @@ from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.template.loader import render_to_string
 from django.views import defaults
 
-from config.inputs import Unstorable, is_json, join, text_problem
+from core.inputs import Unstorable, is_json, join, text_problem
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class InputGuardMiddleware:
     a console form field is 400 naming where it was (PostgreSQL cannot store
     it, and a query carrying it would fail as a 500); an API request whose
     body is over ``API_MAX_BODY_BYTES`` is 413 ``too_large`` before the body
-    is read. JSON bodies are checked as they are parsed (config/inputs.py)."""
+    is read. JSON bodies are checked as they are parsed (core/inputs.py)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -149,7 +149,7 @@ def _wants_json(request) -> bool:
 def unavailable_response(request, exc: BaseException) -> HttpResponse:
     from django.conf import settings
 
-    from config.transient import TRANSIENT_BROKER_ERRORS, describe
+    from core.transient import TRANSIENT_BROKER_ERRORS, describe
 
     retry_after = max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
     what = "message broker" if isinstance(exc, TRANSIENT_BROKER_ERRORS) else "database"
@@ -211,7 +211,7 @@ class TransientFaultMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        from config.transient import drop_broken_connection, is_transient
+        from core.transient import drop_broken_connection, is_transient
 
         if not is_transient(exception):
             return None
@@ -223,7 +223,7 @@ def bad_request(request, exception=None) -> HttpResponse:
     """handler400: Django's session middleware turns a failed session save
     into ``SessionInterrupted`` (a 400); when the save failed because the
     database was unreachable, that is a 503 like any other outage."""
-    from config.transient import drop_broken_connection, is_transient
+    from core.transient import drop_broken_connection, is_transient
 
     if exception is not None and is_transient(exception):
         drop_broken_connection()
@@ -235,7 +235,7 @@ def server_error(request) -> HttpResponse:
     """handler500: Django calls it inside its ``except`` block, so the error
     is still at hand. A transient one answers 503; anything else gets
     Django's own 500 (reshaped to JSON under /api/ by ApiErrorShapeMiddleware)."""
-    from config.transient import drop_broken_connection, is_transient
+    from core.transient import drop_broken_connection, is_transient
 
     exc = sys.exc_info()[1]
     if exc is not None and is_transient(exc):

@@ -20,14 +20,18 @@ Large tables stay cheap:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from functools import cached_property, reduce
 from operator import or_
+from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+
+from core.errors import NotFound
 
 COUNT_CAP = 1000
 
@@ -62,15 +66,13 @@ def as_uuid(term: str) -> uuid.UUID | None:
         return None
 
 
-def endpoint_q(term: str, field: str = "endpoint_id") -> Q | None:
-    """``field`` = the endpoint an address (or alias) names: resolved first,
-    one unique-index lookup, so the search filters on the id column that
-    the record's own indexes lead with (never an OR across a join)."""
-    from config.errors import NotFound
-    from endpoints.selectors import resolve_endpoint
-
+def endpoint_q(term: str, resolve: Callable[[str], Any], field: str = "endpoint_id") -> Q | None:
+    """``field`` = the endpoint an address (or alias) names: resolved first
+    (``resolve``, the endpoints' own lookup, which raises ``NotFound``), one
+    unique-index lookup, so the search filters on the id column that the
+    record's own indexes lead with (never an OR across a join)."""
     try:
-        return Q(**{field: resolve_endpoint(term).id})
+        return Q(**{field: resolve(term).id})
     except NotFound:
         return None
 

@@ -19,11 +19,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from config.embedded import unquote_host
+from core.embedded import unquote_host
 
 _ROLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 
-# Every table that carries config/append_only.py's row trigger: tables made
+# Every table that carries core/append_only.py's row trigger: tables made
 # append-only by later migrations are found without a list to keep up to date.
 _APPEND_ONLY_TABLES = """
 SELECT DISTINCT c.relname
