@@ -5,7 +5,7 @@ Obligation edges (``Ticket.obligation_state``)::
 
     none                      children and callbacks: their root carries it
     open   -> open            an owner sets the next update time or the posture note
-    open   -> closed          delivered (tickets/delivery.py), or closed by an owner here
+    open   -> closed          delivered (tickets/delivery/), or closed by an owner here
 
 ``obligation_due_at`` is when the next update is owed; the sweep flags an open
 obligation past it as overdue (once, with an event) through the partial index
