@@ -19,8 +19,8 @@ import hmac
 import secrets
 import threading
 import time
-from collections import OrderedDict
 
+from cachetools import TTLCache
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS
@@ -75,28 +75,31 @@ def _user_fields() -> list[str]:
 
 
 class KeyCache:
-    """Bounded LRU of verified keys: SHA-256 of the key -> (expiry, key id,
-    user id, the user's field values). Thread-safe (gthread workers)."""
+    """Bounded LRU of verified keys with a time to live (cachetools'
+    ``TTLCache``): SHA-256 of the key -> (key id, user id, the user's field
+    values). Thread-safe (gthread workers). Sized and timed by
+    ``API_KEY_CACHE_SIZE`` and ``API_KEY_CACHE_S``, read when a key is put
+    (a change of either starts an empty cache)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, tuple[float, int, int, tuple]] = OrderedDict()
+        self._shape: tuple[float, int] = (0.0, 0)
+        self._entries: TTLCache = TTLCache(maxsize=1, ttl=1, timer=self._now)
 
     @staticmethod
     def clock() -> float:
         return time.monotonic()
 
+    def _now(self) -> float:
+        return self.clock()  # looked up at each call: tests move it by hand
+
     def get(self, digest: str):
         """The cached user for this key hash, as a fresh instance, or None."""
         with self._lock:
             entry = self._entries.get(digest)
-            if entry is None:
-                return None
-            if entry[0] <= self.clock():
-                del self._entries[digest]
-                return None
-            self._entries.move_to_end(digest)
-        return get_user_model().from_db(DEFAULT_DB_ALIAS, _user_fields(), entry[3])
+        if entry is None:
+            return None
+        return get_user_model().from_db(DEFAULT_DB_ALIAS, _user_fields(), entry[2])
 
     def put(self, digest: str, *, key_id: int, user) -> None:
         ttl, size = settings.API_KEY_CACHE_S, settings.API_KEY_CACHE_SIZE
@@ -104,10 +107,10 @@ class KeyCache:
             return
         values = tuple(getattr(user, name) for name in _user_fields())
         with self._lock:
-            self._entries[digest] = (self.clock() + ttl, key_id, user.pk, values)
-            self._entries.move_to_end(digest)
-            while len(self._entries) > size:
-                self._entries.popitem(last=False)
+            if self._shape != (ttl, size):
+                self._shape = (ttl, size)
+                self._entries = TTLCache(maxsize=size, ttl=ttl, timer=self._now)
+            self._entries[digest] = (key_id, user.pk, values)
 
     def forget_key(self, digest: str) -> None:
         with self._lock:
@@ -115,15 +118,16 @@ class KeyCache:
 
     def forget_user(self, user_id) -> None:
         with self._lock:
-            for digest in [d for d, e in self._entries.items() if e[2] == user_id]:
-                del self._entries[digest]
+            for digest in [d for d, e in self._entries.items() if e[1] == user_id]:
+                self._entries.pop(digest, None)
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            return len(self._entries)
 
     def digests(self) -> list[str]:
         with self._lock:

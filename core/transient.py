@@ -24,6 +24,7 @@ from typing import TypeVar
 import kombu.exceptions
 import psycopg
 import redis.exceptions
+import tenacity
 from django.db import InterfaceError, OperationalError, connection
 
 log = logging.getLogger(__name__)
@@ -106,30 +107,50 @@ def retry_transient(
     """
     if connection.in_atomic_block:
         return fn()
-    started = time.monotonic()
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except TRANSIENT_DB_ERRORS as exc:
-            elapsed = time.monotonic() - started
-            drop_broken_connection()
-            if elapsed >= max_s:
-                log.error(
-                    "%s: database still unreachable after %.1fs and %d attempt(s); giving up: %s",
-                    what,
-                    elapsed,
-                    attempt + 1,
-                    describe(exc),
-                )
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        # Never past the deadline: the last try comes at max_s at the latest.
+        left = max_s - (state.seconds_since_start or 0.0)
+        return max(
+            0.0, min(backoff_delay(state.attempt_number - 1, base_s=base_s, cap_s=cap_s), left)
+        )
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        log.warning(
+            "%s: transient database error (%s); retry %d in %.2fs",
+            what,
+            describe(state.outcome.exception()),
+            state.attempt_number,
+            state.next_action.sleep,
+        )
+
+    def give_up(state: tenacity.RetryCallState) -> T:
+        exc = state.outcome.exception()
+        log.error(
+            "%s: database still unreachable after %.1fs and %d attempt(s); giving up: %s",
+            what,
+            state.seconds_since_start,
+            state.attempt_number,
+            describe(exc),
+        )
+        raise exc
+
+    def dropped(fn_: Callable[[], T]) -> Callable[[], T]:
+        def call() -> T:
+            try:
+                return fn_()
+            except TRANSIENT_DB_ERRORS:
+                drop_broken_connection()
                 raise
-            delay = min(backoff_delay(attempt, base_s=base_s, cap_s=cap_s), max_s - elapsed)
-            attempt += 1
-            log.warning(
-                "%s: transient database error (%s); retry %d in %.2fs",
-                what,
-                describe(exc),
-                attempt,
-                delay,
-            )
-            sleep(max(0.0, delay))
+
+        return call
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(TRANSIENT_DB_ERRORS),
+        stop=tenacity.stop_after_delay(max_s),
+        wait=wait,
+        sleep=sleep,
+        before_sleep=before_sleep,
+        retry_error_callback=give_up,
+    )
+    return retrying(dropped(fn))
