@@ -1,5 +1,9 @@
 """When to repeat a request, and how long to wait first: shared by the sync
-and async clients and the turn agent (the I/O loops live with them)."""
+and async clients and the turn agent (the I/O loops live with them).
+
+Written here rather than taken from tenacity (which the server uses): the
+client depends on httpx alone, and its policy is small (which failures may
+repeat, full-jitter backoff, ``Retry-After``)."""
 
 from __future__ import annotations
 
