@@ -32,6 +32,7 @@ urlpatterns = [
     path("obligations/", views.obligation_list, name="obligation_list"),
     path("workers/", workers.worker_list, name="worker_list"),
     path("live/", live.watch, name="live_watch"),
+    path("preferences/theme/", views.theme, name="theme"),
     path(
         "recovery/<uuid:case_id>/stop-process/",
         workers.case_stop_process,

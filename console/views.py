@@ -20,11 +20,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required as django_login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -38,7 +39,7 @@ from tickets import delivery, lifecycle, obligations, retry
 from tickets import selectors as ticket_selectors
 from tickets.models import DeliveryState, ObligationState, TicketState
 
-from . import selectors
+from . import preferences, selectors
 from .forms import DecisionForm, LessonForm
 
 TICKETS_PAGE = 50
@@ -782,3 +783,34 @@ def obligation_list(request):
         region="table",
         status=400 if error else 200,
     )
+
+
+# --- Preferences -------------------------------------------------------------------------------
+
+
+@require_POST
+def theme(request):
+    """The user's colour theme (light, dark or system), remembered for them
+    and rendered in ``<html data-theme>`` on every page. console.js asks for
+    JSON and switches the page in place; a plain form post (no script) goes
+    back to the page it came from. Only the caller's own preference."""
+    wants_json = "application/json" in request.headers.get("Accept", "")
+    if not request.user.is_authenticated:
+        if wants_json:
+            return JsonResponse({"error": "unauthenticated", "detail": "Log in again."}, status=401)
+        return redirect_to_login(reverse("dashboard"))
+    try:
+        chosen = preferences.set_theme(user=request.user, theme=request.POST.get("theme", ""))
+    except Invalid as exc:
+        if wants_json:
+            return JsonResponse(exc.payload(), status=exc.status)
+        messages.error(request, exc.detail)
+        chosen = None
+    if wants_json:
+        return JsonResponse({"theme": chosen})
+    back = request.POST.get("next", "")
+    if not back.startswith("/") or not url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        back = reverse("dashboard")
+    return redirect(back)
