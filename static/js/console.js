@@ -425,3 +425,79 @@ document.addEventListener("submit", function (event) {
   var question = form.getAttribute && form.getAttribute("data-confirm");
   if (question && !window.confirm(question)) event.preventDefault();
 });
+
+// Tables on a phone (console.css, "Phones"): each row stacks, each cell
+// labelled with its column's header. The labels are copied here from the
+// header, so templates stay plain tables; explicit table roles keep a screen
+// reader's table navigation once the layout is no longer a table's.
+(function () {
+  function headers(table) {
+    var row = table.tHead && table.tHead.rows[table.tHead.rows.length - 1];
+    var names = [];
+    if (!row) return names;
+    Array.prototype.forEach.call(row.cells, function (th) {
+      var text = th.textContent.trim();
+      for (var i = 0; i < (th.colSpan || 1); i++) names.push(text);
+    });
+    return names;
+  }
+  function label(table) {
+    var names = headers(table);
+    table.setAttribute("role", "table");
+    Array.prototype.forEach.call(table.querySelectorAll(":scope > thead, :scope > tbody"), function (group) {
+      group.setAttribute("role", "rowgroup");
+    });
+    Array.prototype.forEach.call(table.rows, function (tr) {
+      tr.setAttribute("role", "row");
+      var column = 0;
+      Array.prototype.forEach.call(tr.cells, function (cell) {
+        var header = cell.tagName === "TH";
+        cell.setAttribute("role", header ? "columnheader" : "cell");
+        if (!header && names[column] && (cell.colSpan || 1) === 1) cell.setAttribute("data-label", names[column]);
+        column += cell.colSpan || 1;
+      });
+    });
+  }
+  function labelAll() { document.querySelectorAll("table.grid").forEach(label); }
+  document.addEventListener("DOMContentLoaded", labelAll);
+  // afterSwap, not afterSettle: a refreshed region is labelled before it paints.
+  document.addEventListener("htmx:afterSwap", labelAll);
+})();
+
+// The colour theme (top bar): the page switches at once and the choice is
+// remembered for the user on the server (POST /preferences/theme/, JSON).
+// Without script the same form posts and the page comes back in the theme.
+(function () {
+  function apply(theme) {
+    document.documentElement.setAttribute("data-theme", theme);
+    var meta = document.querySelector('meta[name="color-scheme"]');
+    if (meta) meta.setAttribute("content", theme === "system" ? "light dark" : theme);
+    document.querySelectorAll("form.theme button[name=theme]").forEach(function (button) {
+      button.setAttribute("aria-pressed", button.value === theme ? "true" : "false");
+    });
+  }
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var button = event.submitter;
+    if (!form.matches || !form.matches("form.theme") || !button || !button.value) return;
+    event.preventDefault();
+    var before = document.documentElement.getAttribute("data-theme") || "system";
+    apply(button.value);
+    fetch(form.action, {
+      method: "POST",
+      body: new FormData(form, button),
+      credentials: "same-origin",
+      headers: { Accept: "application/json" }
+    }).then(function (response) {
+      if (!response.ok) throw new Error(response.status + " " + response.statusText);
+    }).catch(function (error) {
+      apply(before);
+      var box = document.getElementById("messages");
+      if (!box) return;
+      var p = document.createElement("p");
+      p.className = "flash flash-error";
+      p.textContent = "The theme could not be saved (" + error.message + "); log in again if your session ended.";
+      box.replaceChildren(p);
+    });
+  });
+})();
