@@ -24,7 +24,7 @@ from playwright.sync_api import expect
 
 from console import preferences
 from console.owners import create_owner
-from endpoints import runtime
+from endpoints import registry, runtime
 from recovery import services as recovery
 from tickets.admission import admit_ticket
 
@@ -62,6 +62,15 @@ def console_world(django_user_model) -> dict[str, str]:
         username="olive", password=PASSWORD, endpoints=["web.stuck", "web.echo", "web.gated"]
     )
     recovery.inspect_case(case_id=case.id, user=olive)
+    # A worker whose slot still runs the quarantined turn (the workers page).
+    registry.register_worker(
+        name="turns@hostA", host="hostA", pid=4242, queues=["turns"], pool_size=2
+    )
+    registry.set_node("turns@hostA")
+    try:
+        registry.slot_busy(case.turn_id)
+    finally:
+        registry.set_node("")
     return {
         "dashboard": "/",
         "tickets": "/tickets/",
