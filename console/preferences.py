@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from config.errors import Invalid
+from core.errors import Invalid
 
 from .models import Preference, Theme
 

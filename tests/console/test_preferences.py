@@ -8,9 +8,9 @@ from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from config.errors import Invalid
 from console import preferences
 from console.models import Preference
+from core.errors import Invalid
 
 pytestmark = pytest.mark.django_db
 
