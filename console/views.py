@@ -480,6 +480,7 @@ def trace_detail(request, trace_id):
             "tree": tree,
             "rows": rows,
             "active": selectors.trace_active(rows),
+            "waterfall": selectors.trace_waterfall(rows),
             "warned": any(r.warned for r in rows),
             "trace_soft_limit": settings.TRACE_SOFT_LIMIT,
             "trace_hard_limit": settings.TRACE_HARD_LIMIT,
