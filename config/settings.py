@@ -39,7 +39,7 @@ DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1"])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "config.admin_apps.ClaimcheckAdminConfig",  # django.contrib.admin, its site ours
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -191,6 +191,9 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+# Datetimes shown without an explicit format (the admin's) read as the
+# console prints them: 2026-12-02 07:27:22Z (config/formats/en/formats.py).
+FORMAT_MODULE_PATH = "config.formats"
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]

@@ -4,6 +4,14 @@ Every state change goes through its service (tickets/lifecycle.py and
 friends), so the admin never adds, changes or deletes anything: it shows.
 Staff with the model's view permission (and superusers) can look.
 
+Endpoint owners who are not staff may look too, at what they own: the
+site (``config.admin_site``) lets them in, and each admin that declares
+``owner_scope`` shows them only the rows of their endpoints (tickets: the
+ones ``tickets.selectors.visible_tickets`` gives them, as in the console).
+An admin without one stays staff-only, as does every other app's admin
+(users, groups): owners hold no Django permission. Owners are never made
+staff for this: staff see every ticket everywhere (``visible_tickets``).
+
 Large tables stay cheap:
 
 - no ``COUNT(*)`` over a whole table: the paginator counts at most
@@ -98,6 +106,37 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     list_defer: tuple[str, ...] = ()
     # The search box shows when this is set; ``search_q`` does the searching.
     search_fields: tuple[str, ...] = ()
+
+    def owner_scope(self, queryset: QuerySet, user) -> QuerySet | None:
+        """The rows an endpoint owner who is not staff may see; None: the
+        model is staff-only (the default)."""
+        return None
+
+    def _scoped(self, request: HttpRequest) -> bool:
+        """A caller who is not staff, let in by the site (an owner), on an
+        admin that declares what owners see."""
+        return type(
+            self
+        ).owner_scope is not ReadOnlyAdmin.owner_scope and self.admin_site.has_permission(request)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        if request.user.is_staff:
+            return queryset
+        scoped = self.owner_scope(queryset, request.user) if self._scoped(request) else None
+        return queryset.none() if scoped is None else scoped
+
+    def has_view_permission(self, request: HttpRequest, obj=None) -> bool:
+        if request.user.is_staff:
+            return super().has_view_permission(request, obj)
+        if not self._scoped(request):
+            return False
+        return obj is None or self.get_queryset(request).filter(pk=obj.pk).exists()
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        if request.user.is_staff:
+            return super().has_module_permission(request)
+        return self._scoped(request)
 
     def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
         return False

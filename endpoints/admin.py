@@ -9,7 +9,12 @@ from django.db.models import Q
 from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
 
 from .models import ContextEntry, Endpoint, EndpointAlias, EndpointLock, Turn
-from .selectors import resolve_endpoint
+from .selectors import owned_endpoint_ids, resolve_endpoint
+
+
+def _owned(user) -> list[int]:
+    """The endpoints ``user`` owns (the console's rule; staff never get here)."""
+    return owned_endpoint_ids(user) or []
 
 
 @admin.register(Endpoint)
@@ -37,6 +42,9 @@ class EndpointAdmin(ReadOnlyAdmin):
         # a case-sensitive prefix match uses it.
         return any_of(Q(address__startswith=term), endpoint_q(term, resolve_endpoint, "id"))
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(id__in=_owned(user))
+
 
 @admin.register(EndpointAlias)
 class EndpointAliasAdmin(ReadOnlyAdmin):
@@ -50,6 +58,9 @@ class EndpointAliasAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         return any_of(Q(alias__startswith=term), endpoint_q(term, resolve_endpoint))
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned(user))
+
 
 @admin.register(EndpointLock)
 class EndpointLockAdmin(ReadOnlyAdmin):
@@ -62,6 +73,9 @@ class EndpointLockAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return any_of(endpoint_q(term, resolve_endpoint), uuid_q(term, "holder_id"))
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned(user))
 
 
 @admin.register(Turn)
@@ -86,6 +100,9 @@ class TurnAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         return any_of(uuid_q(term, "id", "ticket_id"), endpoint_q(term, resolve_endpoint))
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned(user))
+
 
 @admin.register(ContextEntry)
 class ContextEntryAdmin(ReadOnlyAdmin):
@@ -99,3 +116,6 @@ class ContextEntryAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return any_of(endpoint_q(term, resolve_endpoint), uuid_q(term, "turn_id", "ticket_id"))
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned(user))

@@ -114,6 +114,7 @@ class EndpointAlias(models.Model):
 
     class Meta:
         ordering = ["alias"]
+        verbose_name_plural = "endpoint aliases"
 
     def __str__(self) -> str:
         return f"{self.alias} -> {self.endpoint_id}"
@@ -226,6 +227,7 @@ class ContextEntry(models.Model):
 
     class Meta:
         ordering = ["endpoint_id", "seq"]
+        verbose_name_plural = "context entries"
         indexes = [models.Index(fields=["endpoint", "-seq"], name="context_recent_idx")]
 
     def __str__(self) -> str:

@@ -11,6 +11,7 @@ from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
 from endpoints.selectors import resolve_endpoint
 
 from .models import CaseEvidence, Decision, Inspection, Lesson, RecoveryCase
+from .selectors import visible_cases
 
 
 @admin.register(RecoveryCase)
@@ -38,6 +39,9 @@ class RecoveryCaseAdmin(ReadOnlyAdmin):
             uuid_q(term, "id", "ticket_id", "turn_id"), endpoint_q(term, resolve_endpoint)
         )
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(id__in=visible_cases(user).values("id"))
+
 
 @admin.register(CaseEvidence)
 class CaseEvidenceAdmin(ReadOnlyAdmin):
@@ -50,6 +54,9 @@ class CaseEvidenceAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "case_id")
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(case_id__in=visible_cases(user).values("id"))
 
 
 @admin.register(Inspection)
@@ -64,6 +71,9 @@ class InspectionAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "id", "case_id")
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(case_id__in=visible_cases(user).values("id"))
 
 
 @admin.register(Decision)
@@ -87,6 +97,9 @@ class DecisionAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "id", "case_id", "rerun_ticket_id")
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(case_id__in=visible_cases(user).values("id"))
+
 
 @admin.register(Lesson)
 class LessonAdmin(ReadOnlyAdmin):
@@ -99,3 +112,6 @@ class LessonAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "id", "case_id")
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(case_id__in=visible_cases(user).values("id"))

@@ -61,6 +61,7 @@ class CaseEvidence(models.Model):
 
     class Meta:
         ordering = ["id"]
+        verbose_name_plural = "case evidence"
 
     def __str__(self) -> str:
         return f"{self.kind} for case {self.case_id}"

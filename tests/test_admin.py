@@ -211,3 +211,82 @@ def test_staff_need_the_view_permission_and_never_get_more(client, records, djan
     stranger = django_user_model.objects.create_user("stranger", password="pw", is_staff=True)
     client.force_login(stranger)
     assert client.get(u["changelist"]).status_code == 403
+
+
+def test_labels_are_plural_in_english(admin_client, records):
+    index = admin_client.get(reverse("admin:index")).content.decode()
+    for label in ("Deliveries", "Endpoint aliases", "Context entries", "Case evidence"):
+        assert f">{label}<" in index, label
+    for wrong in ("Deliverys", "aliass", "entrys", "evidences"):
+        assert wrong not in index, wrong
+
+
+UTC_Z = re.compile(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\b")
+
+
+def test_times_read_as_the_console_prints_them(admin_client, records):
+    root = records["root"]
+    listing = admin_client.get(urls("tickets.Ticket")["changelist"]).content.decode()
+    assert root.created_at.strftime("%Y-%m-%d %H:%M:%SZ") in listing
+    assert not re.search(r"\b(a\.m\.|p\.m\.)", listing)
+    page = admin_client.get(urls("tickets.Ticket", root.pk)["change"]).content.decode()
+    assert root.finished_at.strftime("%Y-%m-%d %H:%M:%SZ") in page
+    assert UTC_Z.search(admin_client.get(urls("endpoints.Turn")["changelist"]).content.decode())
+
+
+@pytest.fixture
+def strangers_ticket(make_endpoint, django_user_model):
+    django_user_model.objects.create_user("someone-else")
+    make_endpoint("adm-other", owners=["someone-else"])
+    return admit_ticket(endpoint="adm-other", input={"theirs": 1}).ticket
+
+
+def test_an_owner_logs_in_and_sees_only_what_they_own(
+    client, records, strangers_ticket, django_user_model
+):
+    owner = django_user_model.objects.get(username="owner")
+    owner.set_password("pw-owner-1")
+    owner.save()
+    assert not owner.is_staff
+    login = client.post(
+        reverse("admin:login"), {"username": "owner", "password": "pw-owner-1", "next": "/admin/"}
+    )
+    assert login.status_code == 302 and login["Location"] == "/admin/"
+    index = client.get(reverse("admin:index")).content.decode()
+    for label in ("Tickets", "Deliveries", "Recovery cases", "Turns", "Endpoints"):
+        assert f">{label}<" in index, label
+    assert ">Users<" not in index and ">Groups<" not in index  # staff-only, as before
+
+    root = records["root"]
+    listing = client.get(urls("tickets.Ticket")["changelist"]).content.decode()
+    assert str(root.id) in listing and str(strangers_ticket.id) not in listing
+    # A stranger's ticket is as absent as an unknown one; its turn, events and
+    # endpoint too.
+    absent = client.get(urls("tickets.Ticket", strangers_ticket.pk)["change"])
+    assert absent.status_code == 302 and absent["Location"] == reverse("admin:index")
+    told = client.get(absent["Location"]).content.decode()
+    assert "doesn’t exist" in told and "adm-other" not in told  # as for an unknown id
+    assert client.get(urls("tickets.Ticket", root.pk)["change"]).status_code == 200
+    events = client.get(urls("tickets.TicketEvent")["changelist"], {"q": str(strangers_ticket.id)})
+    assert b"0 results" in events.content and b"admitted" not in events.content
+    endpoints = client.get(urls("endpoints.Endpoint")["changelist"]).content.decode()
+    assert "adm-echo" in endpoints and "adm-other" not in endpoints
+    for label in MODELS:  # every list renders for the owner, with their rows only
+        assert client.get(urls(label)["changelist"]).status_code == 200, label
+
+    # Read-only for owners as for staff.
+    u = urls("tickets.Ticket", root.pk)
+    assert client.post(u["change"], {"_save": "Save"}).status_code == 403
+    assert client.post(u["delete"], {"post": "yes"}).status_code == 403
+    assert client.get(u["add"]).status_code == 403
+    assert client.get(reverse("admin:auth_user_changelist")).status_code == 403
+
+
+def test_a_member_who_owns_nothing_is_not_let_in(client, records, django_user_model):
+    django_user_model.objects.create_user("member", password="pw-member-1")
+    login = client.post(reverse("admin:login"), {"username": "member", "password": "pw-member-1"})
+    assert login.status_code == 200
+    assert b"Please enter the correct username and password" in login.content
+    client.force_login(django_user_model.objects.get(username="member"))
+    assert client.get(reverse("admin:index")).status_code == 302  # to the admin's login
+    assert client.get(urls("tickets.Ticket")["changelist"]).status_code == 302

@@ -14,6 +14,12 @@ from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
 
 from .models import Callback, Delivery, DeliveryAttempt, Ticket, TicketEvent, Trace
 from .ports import endpoint_directory
+from .selectors import visible_tickets
+
+
+def _visible_ids(user):
+    """The ids of the tickets ``user`` may see, as a subquery (the console's rule)."""
+    return visible_tickets(user).values("id")
 
 
 def _resolve(address: str):
@@ -64,6 +70,9 @@ class TicketAdmin(ReadOnlyAdmin):
             keyed & Q(dedupe_key=key) if keyed is not None else None,
         )
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(id__in=_visible_ids(user))
+
 
 @admin.register(TicketEvent)
 class TicketEventAdmin(ReadOnlyAdmin):
@@ -77,6 +86,9 @@ class TicketEventAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "ticket_id")  # (ticket, id) index
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(ticket_id__in=_visible_ids(user))
+
 
 @admin.register(Trace)
 class TraceAdmin(ReadOnlyAdmin):
@@ -87,6 +99,9 @@ class TraceAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return Q(id=term)
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(id__in=visible_tickets(user).values("trace_id"))
 
 
 @admin.register(Callback)
@@ -100,6 +115,9 @@ class CallbackAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "source_id", "ticket_id")  # both unique
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(source_id__in=_visible_ids(user))
 
 
 @admin.register(Delivery)
@@ -123,6 +141,9 @@ class DeliveryAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "id", "ticket_id")
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(ticket_id__in=_visible_ids(user))
+
 
 @admin.register(DeliveryAttempt)
 class DeliveryAttemptAdmin(ReadOnlyAdmin):
@@ -134,3 +155,6 @@ class DeliveryAttemptAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "delivery_id")  # (delivery, number) unique index
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(delivery__ticket_id__in=_visible_ids(user))

@@ -376,6 +376,7 @@ class Delivery(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
+        verbose_name_plural = "deliveries"
         constraints = [
             models.CheckConstraint(
                 condition=Q(mode__in=["webhook", "pull"]), name="delivery_mode_valid"

@@ -4,6 +4,7 @@ import os
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.keys import create_api_key
@@ -29,6 +30,8 @@ RUNNER_EXTRA = {"demo.stuck": {"isolation": "inline"}}
 SHORT = {"turn_budget_s": 20, "interrupt_grace_s": 5}
 BUDGETS = {"demo.stuck": SHORT, "demo.stubborn": SHORT, "demo.sleep": SHORT}
 OWNER, PASSWORD = "demo", "demo-owner"
+# The apps whose records the admin shows (view-only: core/readonly_admin.py).
+LEDGER_APPS = ("tickets", "endpoints", "recovery")
 # Agent endpoints (runner kind "agent"): created when their framework is
 # installed (the optional dependency group, e.g. `uv sync --extra pydantic-ai`).
 AGENT_DEMO = {
@@ -87,6 +90,14 @@ class Command(BaseCommand):
             _, key = create_api_key(username=OWNER, name="demo", staff=True)
             key_file.touch(mode=0o600)
             key_file.write_text(key)
+        # The demo key is a staff key, which makes the demo owner staff (it
+        # sees every ticket in the console already): the admin shows staff
+        # what their view permissions name, so it gets the ledger's.
+        get_user_model().objects.get(username=OWNER).user_permissions.add(
+            *Permission.objects.filter(
+                content_type__app_label__in=LEDGER_APPS, codename__startswith="view_"
+            )
+        )
         port = os.environ.get("PORT") or "8000"
         self.stdout.write(
             f"console: http://127.0.0.1:{port}/login/  user {OWNER}  password {PASSWORD}"
