@@ -183,12 +183,14 @@ def _ticks(peak: int) -> list[dict[str, Any]]:
     ]
 
 
-def last_hour(*, user, span: str = "1h") -> dict[str, Any]:
+def last_hour(*, user, span: str = "1h", endpoint: Endpoint | None = None) -> dict[str, Any]:
     """Tickets admitted per bucket over the range and, of those, how many
     finished per bucket; failures grouped by error code; the geometry of a
     server-drawn SVG (bars, axis ticks, labels) and the same figures as rows
     for a table. Ticket ids are UUIDv7, so "admitted in the range" is a
-    primary key range: the dashboard never reads older rows."""
+    primary key range: the dashboard never reads older rows. With
+    ``endpoint``, that endpoint's tickets only (its (endpoint, -id) index),
+    and no failures (its page lists its turns)."""
     from django.db.models.fields.json import KeyTextTransform  # noqa: PLC0415
     from django.db.models.functions import TruncHour, TruncMinute  # noqa: PLC0415
 
@@ -198,6 +200,8 @@ def last_hour(*, user, span: str = "1h") -> dict[str, Any]:
     now = timezone.now()
     since = now - length
     recent = visible_tickets(user).filter(id__gte=uuid7_floor(since)).order_by()
+    if endpoint is not None:
+        recent = recent.filter(endpoint_id=endpoint.id)
     first = _bucket_start(now, bucket) - bucket * (n - 1)
 
     def grouped(qs, field: str) -> dict[datetime, int]:
@@ -209,12 +213,16 @@ def last_hour(*, user, span: str = "1h") -> dict[str, Any]:
 
     admitted = grouped(recent, "created_at")
     finished = grouped(recent.filter(finished_at__isnull=False), "finished_at")
-    failures = list(
-        recent.filter(state=TicketState.FAILED)
-        .annotate(code=KeyTextTransform("code", "error"))
-        .values("code")
-        .annotate(n=Count("id"))
-        .order_by("-n", "code")[:10]
+    failures = (
+        []
+        if endpoint is not None
+        else list(
+            recent.filter(state=TicketState.FAILED)
+            .annotate(code=KeyTextTransform("code", "error"))
+            .values("code")
+            .annotate(n=Count("id"))
+            .order_by("-n", "code")[:10]
+        )
     )
     starts = [first + bucket * i for i in range(n)]
     peak = max([admitted.get(t, 0) for t in starts] + [finished.get(t, 0) for t in starts] + [1])
@@ -714,15 +722,16 @@ def _pct(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def endpoint_hour(endpoint: Endpoint) -> dict[str, Any]:
-    """The last hour's turns of an endpoint by outcome, and p50/p95 run
-    time of those that ended on evidence (completed, failed, stopped), as
-    bars for a server-drawn SVG. Turn ids are UUIDv7 (a turn's id is its
-    start time), so "the last hour" is a primary key range, not a scan of
-    the endpoint's history; capped."""
+def endpoint_hour(endpoint: Endpoint, span: str = "1h") -> dict[str, Any]:
+    """The range's turns of an endpoint (the last hour by default; the
+    chart ranges) by outcome, and p50/p95 run time of those that ended on
+    evidence (completed, failed, stopped), as bars for a server-drawn SVG.
+    Turn ids are UUIDv7 (a turn's id is its start time), so the range is a
+    primary key range, not a scan of the endpoint's history; capped."""
     from console.templatetags.consoletags import ENDED_ON_EVIDENCE, _span  # noqa: PLC0415
 
-    since = timezone.now() - timedelta(hours=1)
+    span = chart_range(span)
+    since = timezone.now() - CHART_RANGES[span][0]
     turns = list(
         Turn.objects.filter(endpoint_id=endpoint.id, id__gte=uuid7_floor(since))
         .order_by("-id")
@@ -752,6 +761,7 @@ def endpoint_hour(endpoint: Endpoint) -> dict[str, Any]:
     ]
     p50, p95 = _pct(runs, 0.5), _pct(runs, 0.95)
     return {
+        "range": span,
         "total": len(turns),
         "capped": capped,
         "bars": bars,

@@ -515,6 +515,7 @@ def endpoint_detail(request, address):
         return redirect("endpoint_detail", address=endpoint.address)
     live_token = ticket_selectors.ledger_change_token()  # before what it covers
     holder = selectors.lock_holder(endpoint)
+    span = selectors.chart_range(request.GET.get("range"))
     return page(
         request,
         "console/endpoint_detail.html",
@@ -528,7 +529,8 @@ def endpoint_detail(request, address):
             "holder_visible": holder is not None
             and ticket_selectors.visible_tickets(request.user).filter(id=holder.ticket_id).exists(),
             "turns": selectors.recent_turns(endpoint, user=request.user),
-            "hour": selectors.endpoint_hour(endpoint),
+            "hour": selectors.endpoint_hour(endpoint, span=span),
+            "throughput": selectors.last_hour(user=request.user, span=span, endpoint=endpoint),
             "cases": selectors.endpoint_cases(endpoint, user=request.user),
             "live_token": live_token,
             **_agent_context(request, endpoint),

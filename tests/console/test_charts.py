@@ -41,6 +41,31 @@ def test_the_dashboard_chart_has_a_range_a_legend_ticks_and_a_table(client, view
     assert 'hx-get="/?range=7d"' in client.get("/", {"range": "7d"}).content.decode()
 
 
+def test_the_endpoint_page_has_the_same_chart_for_its_own_tickets(client, viewer):
+    echo_endpoint("chart.echo")
+    echo_endpoint("chart.other")
+    for n in range(3):
+        runtime.run_ticket(ticket_id=admit_ticket(endpoint="chart.echo", input={"n": n}).ticket.id)
+    admit_ticket(endpoint="chart.other", input={"elsewhere": 1})
+    client.force_login(viewer)
+    for span, rows, title in (
+        ("1h", 60, "in the last hour"),
+        ("24h", 24, "in the last 24 hours"),
+        ("7d", 28, "in the last 7 days"),
+    ):
+        body = client.get("/endpoints/chart.echo/", {"range": span}).content.decode()
+        chart = body[body.index('id="throughput"') :]
+        chart = chart[: chart.index("</section>")]
+        assert f'data-range="{span}"' in chart and 'class="legend"' in chart
+        assert re.search(rf'<a href="\?range={span}" aria-current="true"', chart)
+        assert "3 admitted, 3 of them finished" in chart  # not the other endpoint's
+        assert chart[chart.index("<tbody>") :].count("<tr>") == rows
+        # The turns by outcome follow the range, and so does the live region.
+        assert f"Turns {title}" in body
+        if span != "1h":
+            assert f'hx-get="/endpoints/chart.echo/?range={span}"' in body
+
+
 def test_an_unresolved_turn_has_no_end_and_no_place_in_the_percentiles(client):
     case = quarantined_case("chart.stuck")
     owner = create_owner(username="olive", password="pw-olive-1", endpoints=["chart.stuck"])
