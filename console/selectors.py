@@ -519,12 +519,11 @@ class WaterfallSpan:
 class WaterfallRow:
     row: TraceRow
     spans: list[WaterfallSpan]
-    # The root ticket this callback's turn completed, if it did; a callback
-    # that completed another waiting ticket names that one in ``completes``.
+    # Whether this callback's turn completed the trace's root; the waiting
+    # ticket a callback's turn completed (the root or another) is ``completes``.
     completes_root: bool = False
     completes: uuid.UUID | None = None
     summary: str = ""
-
     # The figures the lane draws, for its table cells: queued, ran, waited.
     figures: dict[str, str] = field(default_factory=dict)
 
