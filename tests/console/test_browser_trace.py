@@ -76,6 +76,16 @@ def test_the_waterfall_shows_a_rerun_and_highlights_the_completing_callback(
     # The lineage table below still lists the six.
     expect(page.locator("#tree tbody tr")).to_have_count(6)
     shot(page, "trace-waterfall")
+    # On a phone the rows stack and each lane takes the panel's width; the
+    # page never scrolls sideways.
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    lane = root_row.locator("svg.wf-spans")
+    width = lane.evaluate("(el) => el.getBoundingClientRect().width")
+    assert 250 <= width <= 390, width
+    expect(root_row.locator("rect.wf-waiting")).to_be_visible()
+    shot(page, "trace-waterfall-390")
+    page.set_viewport_size({"width": 1440, "height": 1000})
 
     # axe-core on the trace page, light and dark (its CSP is bypassed: axe
     # sets inline styles; `page` above checked the CSP).
