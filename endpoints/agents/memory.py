@@ -18,7 +18,10 @@ carries the exchange (the ticket that started it) and whether it is
    comes before it: its exchange completed first);
 2. exchanges still waiting are left out (their pending tool calls have no
    results yet) -- except the one this turn resumes, which comes last;
-3. the cap: the newest whole exchanges while the running total stays within
+3. an exchange whose first turn (its own ticket's) is older than the
+   entries a turn loads (``AGENT_HISTORY_MAX_ENTRIES``) is not whole: an
+   earlier one is left out, the resumed one is an error (``agent_memory``);
+4. the cap: the newest whole exchanges while the running total stays within
    ``AGENT_HISTORY_MAX_MESSAGES`` messages and ``AGENT_HISTORY_MAX_BYTES``
    bytes (the runner's ``history_max_messages`` / ``history_max_bytes`` may
    lower them); older exchanges are dropped whole, never cut. The resumed
@@ -113,6 +116,8 @@ class Exchange:
     pointers: list[dict[str, Any]]  # in turn order
     done: bool
     last_seq: int
+    # Its first turn (the exchange's own ticket's) is among the entries read.
+    whole: bool = False
 
     @property
     def messages(self) -> int:
@@ -139,6 +144,7 @@ def exchanges(history: list[dict[str, Any]]) -> list[Exchange]:
             # callback) is not part of the conversation.
             continue
         ex.pointers.append(pointer)
+        ex.whole = ex.whole or entry.get("ticket") == ex.exchange
         ex.last_seq = entry["seq"]
         ex.done = pointer.get("status") == "done"
     return sorted(by_id.values(), key=lambda e: e.last_seq)
@@ -164,7 +170,7 @@ def conversation(
     max_messages, max_bytes = caps(runner)
     kept: list[Exchange] = []
     messages = bytes_ = 0
-    for ex in reversed([e for e in all_exchanges if e.done and e.exchange != resuming]):
+    for ex in reversed([e for e in all_exchanges if e.done and e.whole and e.exchange != resuming]):
         if messages + ex.messages > max_messages or bytes_ + ex.bytes > max_bytes:
             break
         kept.append(ex)
@@ -175,6 +181,11 @@ def conversation(
         return earlier, None, None
     if resumed_ex is None:
         raise MemoryError_(f"exchange {resuming} has no messages in this endpoint's history")
+    if not resumed_ex.whole:
+        raise MemoryError_(
+            f"exchange {resuming} began before the {len(history)} newest entries of this "
+            "endpoint's history a turn reads (AGENT_HISTORY_MAX_ENTRIES)"
+        )
     resumed, state = _messages_of(resumed_ex)
     return earlier, resumed, state
 
