@@ -398,6 +398,10 @@ RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
 AGENT_HISTORY_MAX_ENTRIES = env.int("AGENT_HISTORY_MAX_ENTRIES", default=500)
 AGENT_HISTORY_MAX_MESSAGES = env.int("AGENT_HISTORY_MAX_MESSAGES", default=400)
 AGENT_HISTORY_MAX_BYTES = env.int("AGENT_HISTORY_MAX_BYTES", default=2_000_000)
+# Rounds of pending calls (delegations, approvals) one agent exchange may
+# have: each resumed turn that asks again starts a round; one past the cap
+# fails the exchange (agent_max_rounds). A runner may lower it (max_rounds).
+AGENT_MAX_ROUNDS = env.int("AGENT_MAX_ROUNDS", default=10)
 # Agent frameworks a worker imports and warms before it forks its pool
 # (pydantic_ai, openai_agents): otherwise the first agent turn of each pool
 # process pays for it (seconds) inside its budget.

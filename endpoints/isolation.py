@@ -5,7 +5,7 @@ The supervising worker forks one child per turn. The child only runs the
 callable and sends its outcome back through a pipe; everything that touches
 the database (start, heartbeat, ``children_of``, finish) stays in the
 supervisor, which answers the child's ``heartbeat()``, ``children_of()``,
-``ticket_state()`` and ``record()`` (a turn event written now) over the same
+``ticket_state()``, ``continuation()`` and ``record()`` (a turn event written now) over the same
 pipe. The interrupt flag is a shared event the supervisor sets
 when its heartbeat sees the turn asked to stop.
 
@@ -92,6 +92,7 @@ def _child_main(ctx: TurnContext, conn: Connection, interrupt: Any, run) -> None
             _heartbeat=lambda: bool(channel.ask("heartbeat")),
             _children_of=lambda parent: channel.ask("children_of", parent),
             _ticket_state=lambda ticket: channel.ask("ticket_state", ticket),
+            _continuation_of=lambda ticket: channel.ask("continuation_of", ticket),
             _record=lambda event: channel.ask("record", event),
         )
         outcome = run(child_ctx)
@@ -237,7 +238,12 @@ def _outcome_left_in(conn: Connection) -> Outcome | None:
 
 # What the child gets when the supervisor could not answer (a database
 # outage past the retries): nothing found, nothing recorded.
-_FAILED_ANSWER: dict[str, Any] = {"children_of": [], "ticket_state": None, "record": False}
+_FAILED_ANSWER: dict[str, Any] = {
+    "children_of": [],
+    "ticket_state": None,
+    "continuation_of": None,
+    "record": False,
+}
 
 
 def _answer(ctx: TurnContext, verb: str, args: tuple) -> Any:
@@ -247,6 +253,8 @@ def _answer(ctx: TurnContext, verb: str, args: tuple) -> Any:
         return ctx._children_of(args[0])
     if verb == "ticket_state":
         return ctx._ticket_state(args[0]) if ctx._ticket_state else None
+    if verb == "continuation_of":
+        return ctx._continuation_of(args[0]) if ctx._continuation_of else None
     if verb == "record":
         return ctx._record(args[0]) if ctx._record else False
     raise ValueError(f"unknown request {verb!r} from a turn's process")

@@ -14,7 +14,7 @@ secrets, never a value.
   {"secret": NAME}}``.
 - ``agent``: ``framework`` (``endpoints.agents.ADAPTERS``), ``path``,
   ``delegate_to`` (addresses), ``history_max_messages``,
-  ``history_max_bytes``, ``secrets: {ENV_VAR: SECRET_NAME}`` (named secrets
+  ``history_max_bytes``, ``max_rounds``, ``secrets: {ENV_VAR: SECRET_NAME}`` (named secrets
   put into the turn's process environment: a model provider's key),
   ``side_effect_tools`` (tool names), ``kill_after_s``.
 
@@ -57,6 +57,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "delegate_to",
             "history_max_messages",
             "history_max_bytes",
+            "max_rounds",
             "secrets",
             "side_effect_tools",
             "kill_after_s",
@@ -195,7 +196,7 @@ def _check_agent(runner: dict[str, Any]) -> None:
         raise Invalid("delegate_to must be a list of endpoint addresses")
     if "side_effect_tools" in runner and not _str_list(runner["side_effect_tools"]):
         raise Invalid("side_effect_tools must be a list of tool names")
-    for name in ("history_max_messages", "history_max_bytes"):
+    for name in ("history_max_messages", "history_max_bytes", "max_rounds"):
         value = runner.get(name)
         if name in runner and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise Invalid(f"{name} must be a positive integer")

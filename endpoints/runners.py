@@ -60,14 +60,17 @@ class Wait:
 @dataclass
 class Resume:
     """From a callback's turn: complete the waiting ``ticket`` with ``result``
-    (or ``error``), or leave it waiting (``keep_waiting``). The callback
-    ticket itself succeeds with ``own_result``."""
+    (or ``error``), leave it waiting (``keep_waiting``), or have it wait on
+    a new round of children (``wait``: admitted as the waiting ticket's own,
+    their callbacks carry ``wait.continuation``). The callback ticket itself
+    succeeds with ``own_result``."""
 
     ticket: str
     result: Any = None
     error: Any = None
     keep_waiting: bool = False
     own_result: Any = None
+    wait: Wait | None = None
 
 
 @dataclass
@@ -140,6 +143,11 @@ class TurnContext:
     # The state of one of this endpoint's tickets (a resumed agent checks the
     # ticket it would complete is still waiting).
     _ticket_state: Callable[[str], str | None] | None = field(default=None, repr=False)
+    # The agent continuation one of this endpoint's waiting tickets waits on
+    # now (its last wait's), or None.
+    _continuation_of: Callable[[str], dict[str, Any] | None] | None = field(
+        default=None, repr=False
+    )
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -171,6 +179,12 @@ class TurnContext:
     def ticket_state(self, ticket_id: str) -> str | None:
         """The state of one of this endpoint's tickets (None: not one of them)."""
         return self._ticket_state(ticket_id) if self._ticket_state else None
+
+    def continuation(self, ticket_id: str) -> dict[str, Any] | None:
+        """What one of this endpoint's waiting tickets waits on now: the
+        ``agent`` part of its last wait's continuation (``{exchange, round,
+        pending}``); None when it is not waiting, not an agent's, not ours."""
+        return self._continuation_of(ticket_id) if self._continuation_of else None
 
     def envelope(self) -> dict[str, Any]:
         return {

@@ -298,6 +298,13 @@ class Ticket(models.Model):
         return self.state in TERMINAL_STATES
 
 
+# The events that say what a waiting ticket waits on, the last one counting:
+# the wait of its turn (``waiting_for_children``, a transition), and each
+# further round a resumed agent starts while it stays waiting
+# (``waiting_again``, no transition). Both carry ``children`` and ``continuation``.
+WAIT_EVENT_KINDS = ("waiting_for_children", "waiting_again")
+
+
 class TicketEvent(models.Model):
     """Append-only: the database refuses UPDATE and DELETE (see migrations)."""
 

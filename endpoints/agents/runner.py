@@ -13,10 +13,13 @@ A turn is one of:
    require approval wait for an owner; the ticket goes ``waiting`` and the
    lock is released.
 2. **A resume** (the callback of a child, or an owner's approval ticket):
-   when the waiting ticket is still waiting and every pending call has its
-   answer (children terminal, approvals decided), the agent runs again on
-   the exchange with the answers as tool results and the waiting ticket is
-   completed with its output by this exact turn; otherwise the turn records
+   when the waiting ticket is still waiting and every call of its current
+   round has its answer (children terminal, approvals decided), the agent
+   runs again on the exchange with the answers as tool results. Done: the
+   waiting ticket is completed with its output by this exact turn. More
+   pending calls: a new round (at most ``AGENT_MAX_ROUNDS`` per exchange),
+   whose children and approvals belong to the waiting ticket, which stays
+   waiting; this turn's own ticket succeeds. Otherwise the turn records
    what it still waits for and changes nothing.
 
 The messages of each turn are stored as an artifact (``memory.store``)
@@ -31,6 +34,8 @@ import logging
 import os
 import time
 from typing import Any
+
+from django.conf import settings
 
 from core import secrets
 from core.canonical import canonical_json
@@ -52,13 +57,27 @@ APPROVAL_ARGS_BYTES = 2048
 CHILD_TERMINAL = ("succeeded", "failed", "cancelled", "orphaned")
 
 
-def approval_key(exchange: str, call_id: str) -> str:
-    """The dedupe key of an owner's approval ticket for one call."""
-    return f"approval:{exchange}:{_short(call_id)}"
+def approval_key(exchange: str, call_id: str, round_: int = 1) -> str:
+    """The dedupe key of an owner's approval ticket for one call (the round
+    in it from the second on: a call id a model repeats in a later round
+    is another call)."""
+    marker = "" if round_ <= 1 else f"r{round_}:"
+    return f"approval:{exchange}:{marker}{_short(call_id)}"
 
 
-def delegation_key(exchange: str, call_id: str) -> str:
-    return f"{exchange}/call/{_short(call_id)}"
+def delegation_key(exchange: str, call_id: str, round_: int = 1) -> str:
+    marker = "" if round_ <= 1 else f"r{round_}/"
+    return f"{exchange}/{marker}call/{_short(call_id)}"
+
+
+def max_rounds(runner: dict[str, Any]) -> int:
+    """Rounds of pending calls one exchange may have: ``AGENT_MAX_ROUNDS``,
+    or the runner's lower ``max_rounds``."""
+    cap = settings.AGENT_MAX_ROUNDS
+    own = runner.get("max_rounds")
+    if isinstance(own, int) and not isinstance(own, bool) and own >= 1:
+        cap = min(cap, own)
+    return max(cap, 1)
 
 
 def _short(call_id: str) -> str:
@@ -159,15 +178,27 @@ def _run(ctx: TurnContext, adapter: Adapter, agent: Any) -> Outcome:
             options=ctx.runner,
         )
         return _run_and_conclude(ctx, adapter, agent, turn, exchange=str(ctx.ticket_id))
-    exchange, pending = resume
+    exchange, _ = resume
     state = ctx.ticket_state(exchange)
     if state != "waiting":
         # Completed by an earlier turn (both children were done when the first
         # callback ran), cancelled, or not ours: nothing to resume.
         return Outcome.success({"resumed": None, "exchange": exchange, "exchange_state": state})
-    answers, missing = _answers(ctx, exchange, pending)
+    # The round the exchange waits on now, as its last wait recorded it: a
+    # callback of an earlier round (its call answered, the agent gone on to
+    # another round since) resumes nothing by itself.
+    current = ctx.continuation(exchange)
+    if current is None:
+        # Waiting, and what on cannot be read (the supervisor could not ask
+        # the database): resume nothing rather than answer a round twice.
+        own = {"waiting_for": None, "detail": "the exchange's continuation could not be read"}
+        return Outcome(
+            "success", result=own, resume=Resume(ticket=exchange, keep_waiting=True, own_result=own)
+        )
+    round_, pending = _round(current), current.get("pending") or {}
+    answers, missing = _answers(ctx, exchange, pending, round_)
     if missing:
-        own = {"waiting_for": missing}
+        own = {"waiting_for": missing, "round": round_}
         return Outcome(
             "success", result=own, resume=Resume(ticket=exchange, keep_waiting=True, own_result=own)
         )
@@ -182,7 +213,14 @@ def _run(ctx: TurnContext, adapter: Adapter, agent: Any) -> Outcome:
         input=ctx.input,
         options=ctx.runner,
     )
-    return _run_and_conclude(ctx, adapter, agent, turn, exchange=exchange, resuming=True)
+    return _run_and_conclude(
+        ctx, adapter, agent, turn, exchange=exchange, resuming=True, round_=round_
+    )
+
+
+def _round(agent_continuation: dict[str, Any]) -> int:
+    value = agent_continuation.get("round")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 def _prompt(value: dict[str, Any]) -> str:
@@ -193,8 +231,9 @@ def _prompt(value: dict[str, Any]) -> str:
 
 
 def _continuation(value: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """(the waiting exchange, its pending calls) for a callback or an
-    approval ticket of an agent exchange; None for a new exchange."""
+    """(the waiting exchange, the agent continuation it carries: ``{exchange,
+    round, pending}``) for a callback or an approval ticket of an agent
+    exchange; None for a new exchange."""
     carrier = value.get("callback") or value.get("approval")
     if not isinstance(carrier, dict):
         return None
@@ -202,11 +241,11 @@ def _continuation(value: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     agent = cont.get("agent") if isinstance(cont, dict) else None
     if not isinstance(agent, dict) or not isinstance(agent.get("exchange"), str):
         return None
-    return agent["exchange"], agent.get("pending") or {}
+    return agent["exchange"], agent
 
 
 def _answers(
-    ctx: TurnContext, exchange: str, pending: dict[str, Any]
+    ctx: TurnContext, exchange: str, pending: dict[str, Any], round_: int
 ) -> tuple[dict[str, Answer], list[str]]:
     # Only tickets the runtime admitted answer a call: a user who may see the
     # waiting ticket could admit a child of it under the same dedupe key.
@@ -215,7 +254,7 @@ def _answers(
     missing: list[str] = []
     for call_id, call in pending.items():
         if call.get("kind") == "delegate":
-            child = children.get(delegation_key(exchange, call_id))
+            child = children.get(delegation_key(exchange, call_id, round_))
             if child is None or child["state"] not in CHILD_TERMINAL:
                 missing.append(call_id)
             elif child["state"] == "succeeded":
@@ -228,7 +267,7 @@ def _answers(
                     {"child": child["id"], "state": child["state"], "error": child.get("error")},
                 )
         else:
-            ticket = children.get(approval_key(exchange, call_id))
+            ticket = children.get(approval_key(exchange, call_id, round_))
             decision = ((ticket or {}).get("input") or {}).get("approval") or {}
             if "approved" not in decision:
                 missing.append(call_id)
@@ -293,7 +332,10 @@ def _run_and_conclude(
     *,
     exchange: str,
     resuming: bool = False,
+    round_: int = 0,
 ) -> Outcome:
+    """Run the agent once. ``round_``: the round of pending calls the turn
+    answers (0 for a new exchange)."""
     if ctx.interrupted():
         return Outcome.stopped("runner_returned", {"before_agent_run": True})
     seen: dict[str, float] = {}
@@ -331,19 +373,43 @@ def _run_and_conclude(
         if resuming:
             return _resume_outcome(exchange, result=step.output, artifacts=[pointer])
         return Outcome.success(step.output, artifacts=[pointer])
-    if resuming:
-        # A second round of pending calls in one exchange would leave this
-        # callback ticket waiting beside the exchange's: not supported yet,
-        # and the exchange fails saying so rather than waiting forever.
-        return _resume_outcome(
-            exchange,
-            error={
-                "code": "agent_deferred_again",
-                "detail": "the agent asked for more delegations or approvals after its "
-                "pending calls were answered; one round per exchange is supported",
-            },
-        )
-    return _wait(ctx, step, exchange=exchange, framework=framework)
+    next_round = round_ + 1
+    cap = max_rounds(ctx.runner)
+    if next_round > cap:
+        error = {
+            "code": "agent_max_rounds",
+            "detail": f"the agent asked for a round {next_round} of delegations or approvals "
+            f"in one exchange; at most {cap} (AGENT_MAX_ROUNDS, the runner's max_rounds)",
+        }
+        return _resume_outcome(exchange, error=error) if resuming else Outcome.failure(error)
+    try:
+        children, pending = _pending(ctx, step, exchange=exchange, round_=next_round)
+    except _BadStep as exc:
+        error = exc.error
+        return _resume_outcome(exchange, error=error) if resuming else Outcome.failure(error)
+    pointer = memory.store(
+        framework=framework,
+        exchange=exchange,
+        status="waiting",
+        messages=step.messages,
+        state=step.state,
+    )
+    continuation = {
+        "ticket": exchange,
+        "agent": {"exchange": exchange, "round": next_round, "pending": pending},
+    }
+    wait = Wait(children=children, continuation=continuation)
+    if not resuming:
+        return Outcome("wait", wait=wait, artifacts=[pointer])
+    # Another round: the exchange's ticket stays waiting, now on these calls
+    # (its children, its approvals); this turn's own ticket succeeds.
+    own = {"resumed": exchange, "outcome": "waiting", "round": next_round}
+    return Outcome(
+        "success",
+        result=own,
+        artifacts=[pointer],
+        resume=Resume(ticket=exchange, own_result=own, wait=wait),
+    )
 
 
 def _resume_outcome(
@@ -358,10 +424,20 @@ def _resume_outcome(
     )
 
 
-def _wait(ctx: TurnContext, step: AgentStep, *, exchange: str, framework: str) -> Outcome:
+class _BadStep(Exception):
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error["detail"])
+        self.error = error
+
+
+def _pending(
+    ctx: TurnContext, step: AgentStep, *, exchange: str, round_: int
+) -> tuple[list[Child], dict[str, Any]]:
+    """The step's pending calls: the children to admit, and the continuation's
+    ``pending`` (call id -> what it waits for)."""
     allowed = ctx.runner.get("delegate_to")
     if len(step.delegations) > MAX_DELEGATIONS:
-        return Outcome.failure(
+        raise _BadStep(
             {
                 "code": "too_many_delegations",
                 "detail": f"{len(step.delegations)} delegations in one turn; at most "
@@ -372,11 +448,11 @@ def _wait(ctx: TurnContext, step: AgentStep, *, exchange: str, framework: str) -
     children: list[Child] = []
     for d in step.delegations:
         if not isinstance(d.endpoint, str) or not isinstance(d.input, dict):
-            return Outcome.failure(
+            raise _BadStep(
                 {"code": "bad_delegation", "detail": "delegate needs an endpoint and an object"}
             )
         if allowed is not None and d.endpoint not in allowed:
-            return Outcome.failure(
+            raise _BadStep(
                 {
                     "code": "delegation_not_allowed",
                     "detail": f"this agent may delegate to {', '.join(allowed) or 'nothing'}, "
@@ -386,7 +462,9 @@ def _wait(ctx: TurnContext, step: AgentStep, *, exchange: str, framework: str) -
         pending[d.call_id] = {"kind": "delegate", "endpoint": d.endpoint}
         children.append(
             Child(
-                endpoint=d.endpoint, input=d.input, dedupe_key=delegation_key(exchange, d.call_id)
+                endpoint=d.endpoint,
+                input=d.input,
+                dedupe_key=delegation_key(exchange, d.call_id, round_),
             )
         )
     for a in step.approvals:
@@ -400,14 +478,4 @@ def _wait(ctx: TurnContext, step: AgentStep, *, exchange: str, framework: str) -
         if len(body) <= APPROVAL_ARGS_BYTES:
             call["args"] = a.args if _plain(a.args) else body.decode()
         pending[a.call_id] = call
-    pointer = memory.store(
-        framework=framework,
-        exchange=exchange,
-        status="waiting",
-        messages=step.messages,
-        state=step.state,
-    )
-    continuation = {"ticket": exchange, "agent": {"exchange": exchange, "pending": pending}}
-    return Outcome(
-        "wait", wait=Wait(children=children, continuation=continuation), artifacts=[pointer]
-    )
+    return children, pending

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tickets.models import Ticket, TicketEvent, TicketState
+from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
 
 from ..models import ContextEntry, Endpoint
 from . import memory
@@ -54,9 +54,9 @@ def conversation(endpoint: Endpoint, *, limit: int = 50) -> list[dict[str, Any]]
 
 
 def waiting_continuation(ticket: Ticket) -> dict[str, Any] | None:
-    """The agent continuation a waiting ticket's last wait recorded."""
+    """The agent continuation a waiting ticket's last wait (or round) recorded."""
     detail = (
-        TicketEvent.objects.filter(ticket_id=ticket.id, kind="waiting_for_children")
+        TicketEvent.objects.filter(ticket_id=ticket.id, kind__in=WAIT_EVENT_KINDS)
         .order_by("-id")
         .values_list("detail", flat=True)
         .first()
@@ -77,11 +77,13 @@ def pending_approvals(endpoint: Endpoint, *, ticket: Ticket | None = None) -> li
         cont = waiting_continuation(waiting)
         if cont is None:
             continue
+        round_ = cont["agent"].get("round") or 1
         decided = {
             e["detail"].get("call_id"): e
             for e in TicketEvent.objects.filter(
                 ticket_id=waiting.id, kind="tool_call_decided"
             ).values("detail", "actor", "at")
+            if (e["detail"].get("round") or 1) == round_
         }
         for call_id, call in cont["agent"].get("pending", {}).items():
             if call.get("kind") != "approval":

@@ -48,7 +48,8 @@ def decide_tool_call(
     if len(reason) > REASON_MAX_CHARS:
         raise Invalid(f"reason is at most {REASON_MAX_CHARS} characters")
     cont = waiting_continuation(ticket) if ticket.state == TicketState.WAITING else None
-    call = ((cont or {}).get("agent") or {}).get("pending", {}).get(call_id)
+    agent = (cont or {}).get("agent") or {}
+    call = agent.get("pending", {}).get(call_id)
     if call is None or call.get("kind") != "approval":
         raise NotFound(f"ticket {ticket.id} has no call {call_id!r} waiting for approval")
     actor = f"user:{user.username}"
@@ -66,7 +67,7 @@ def decide_tool_call(
                     "continuation": cont,
                 }
             },
-            dedupe_key=approval_key(str(ticket.id), call_id),
+            dedupe_key=approval_key(str(ticket.id), call_id, agent.get("round") or 1),
             parent_id=ticket.id,
             actor=actor,
         )
@@ -81,6 +82,7 @@ def decide_tool_call(
                     "approved": bool(approve),
                     "reason": reason.strip(),
                     "approval_ticket": str(admitted.ticket.id),
+                    "round": agent.get("round") or 1,
                 },
             )
     return {

@@ -16,7 +16,7 @@ from django.conf import settings
 from core.transient import (
     retry_transient,
 )
-from tickets.models import Ticket, TicketState
+from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
 
 from .. import registry, runners
 from ..models import (
@@ -133,6 +133,9 @@ def _run_one(
         _ticket_state=lambda other: _read_with_retry(
             lambda: ticket_state(endpoint.id, other), what=f"ticket state for turn {turn.id}"
         ),
+        _continuation_of=lambda other: _read_with_retry(
+            lambda: waiting_on(endpoint.id, other), what=f"continuation for turn {turn.id}"
+        ),
     )
     log.info(
         "turn %s seq %s started for ticket %s on %s", turn.id, turn.seq, ticket.id, endpoint.address
@@ -215,6 +218,28 @@ def ticket_state(endpoint_id: int, ticket_id: str) -> str | None:
         .values_list("state", flat=True)
         .first()
     )
+
+
+def waiting_on(endpoint_id: int, ticket_id: str) -> dict[str, Any] | None:
+    """The agent continuation one of this endpoint's waiting tickets waits on
+    now: its last wait's (``waiting_for_children``, or ``waiting_again`` when
+    a resumed agent started another round). None for any other ticket."""
+    try:
+        ticket_uuid = uuid.UUID(str(ticket_id))
+    except ValueError:
+        return None
+    if not Ticket.objects.filter(
+        id=ticket_uuid, endpoint_id=endpoint_id, state=TicketState.WAITING
+    ).exists():
+        return None
+    detail = (
+        TicketEvent.objects.filter(ticket_id=ticket_uuid, kind__in=WAIT_EVENT_KINDS)
+        .order_by("-id")
+        .values_list("detail", flat=True)
+        .first()
+    )
+    agent = ((detail or {}).get("continuation") or {}).get("agent")
+    return agent if isinstance(agent, dict) else None
 
 
 def _record_with_retry(turn: Turn, event: dict[str, Any]) -> bool:

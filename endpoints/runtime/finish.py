@@ -445,6 +445,9 @@ def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: 
             detail={"target": str(target.id), "target_state": target.state},
         )
         return
+    if resume.wait is not None:
+        _wait_again(ticket=ticket, target=target, turn=turn, wait=resume.wait, actor=actor)
+        return
     if resume.keep_waiting:
         lifecycle.append_event(
             ticket_id=target.id,
@@ -478,6 +481,58 @@ def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: 
             result=resume.result,
             detail={"callback": str(ticket.id)},
         )
+
+
+def _wait_again(
+    *, ticket: Ticket, target: Ticket, turn: Turn, wait: runners.Wait, actor: str
+) -> None:
+    """Another round of a resumed agent: the waiting ticket (the exchange)
+    stays waiting, now on new children of its own (admitted here, each
+    carrying ``wait.continuation`` back in its callback), and a
+    ``waiting_again`` event records the round's children and continuation
+    (what its approvals and the next resume read). The callback or approval
+    ticket whose turn this is waits on nothing: it succeeds. A child that
+    cannot be admitted fails the waiting ticket, as it fails a first wait."""
+    from tickets.admission import admit_ticket
+
+    children: list[str] = []
+    try:
+        with transaction.atomic():
+            for i, child in enumerate(wait.children):
+                admitted = admit_ticket(
+                    endpoint=child.endpoint,
+                    input=child.input,
+                    dedupe_key=child.dedupe_key or f"{target.id}/turn/{turn.id}/child/{i}",
+                    parent_id=target.id,
+                    return_to=turn.endpoint.address,
+                    continuation=wait.continuation,
+                    actor=actor,
+                )
+                children.append(str(admitted.ticket.id))
+    except DomainError as exc:
+        lifecycle.transition(
+            ticket_id=target.id,
+            expected=TicketState.WAITING,
+            to=TicketState.FAILED,
+            kind="resumed",
+            actor=actor,
+            turn_id=turn.id,
+            completed_by_turn=turn,
+            error={"code": exc.code, "detail": f"cannot dispatch children: {exc.detail}"},
+            detail={"callback": str(ticket.id)},
+        )
+        return
+    lifecycle.append_event(
+        ticket_id=target.id,
+        kind="waiting_again",
+        actor=actor,
+        turn_id=turn.id,
+        detail={
+            "callback": str(ticket.id),
+            "children": children,
+            "continuation": wait.continuation,
+        },
+    )
 
 
 def _record_callback(ticket: Ticket, actor: str) -> None:

@@ -49,9 +49,56 @@ def _text(content) -> str:
     return " ".join(c.get("text", "") for c in content or [] if isinstance(c, dict))
 
 
+def _step(step: str) -> ModelResponse:
+    """One round of a ``steps`` prompt: ``delegate a, b``, ``delegate-to
+    <address> <text>`` or ``send <to>``."""
+    verb, _, rest = step.strip().partition(" ")
+    rest = rest.strip()
+    if verb == "delegate":
+        target = "demo.fail" if rest.startswith("fail") else "demo.echo"
+        parts = [i.strip() for i in rest.split(",") if i.strip()]
+        calls = [
+            _call(n, "delegate", {"endpoint": target, "input": {"text": p}})
+            for n, p in enumerate(parts)
+        ]
+    elif verb == "delegate-to":
+        target, _, item = rest.partition(" ")
+        calls = [_call(0, "delegate", {"endpoint": target, "input": {"text": item}})]
+    else:
+        calls = [_call(0, "send_report", {"to": rest})]
+    return ModelResponse(output=calls, usage=Usage(requests=1), response_id=None)
+
+
+def _steps(prompt: str, mine: list) -> ModelResponse:
+    """``steps <step> | <step> | ...``: each step one round of pending calls;
+    when every step has its answers, ``done: `` and every answer in order."""
+    steps = [s for s in prompt.partition(" ")[2].split("|") if s.strip()]
+    asked = {i["call_id"] for i in mine if i.get("type") == "function_call"}
+    # A round is a model response with calls: count the distinct responses
+    # (the calls of one response share their position in the items).
+    rounds, previous = 0, None
+    for item in mine:
+        kind = item.get("type")
+        if kind == "function_call" and previous != "function_call":
+            rounds += 1
+        previous = kind
+    if rounds < len(steps):
+        return _step(steps[rounds])
+    names = {i["call_id"]: i["name"] for i in mine if i.get("type") == "function_call"}
+    said = [
+        f"{names[o['call_id']]}: {o['output']}"
+        for o in mine
+        if o.get("type") == "function_call_output" and o["call_id"] in asked
+    ]
+    return _say("done: " + "; ".join(said))
+
+
 class FakeModel(Model):
     async def get_response(self, system_instructions, input, *args, **kwargs) -> ModelResponse:
         items = input if isinstance(input, list) else [{"role": "user", "content": input}]
+        last_prompt = max(i for i, item in enumerate(items) if item.get("role") == "user")
+        if _text(items[last_prompt].get("content")).startswith("steps "):
+            return _steps(_text(items[last_prompt].get("content")), items[last_prompt:])
         if items[-1].get("type") == "function_call_output":
             # This exchange's calls and outputs: the items after its prompt.
             last_prompt = max(i for i, item in enumerate(items) if item.get("role") == "user")

@@ -113,6 +113,57 @@ def test_demo_agent_on_a_worker(celery_procs, demo, make_endpoint, api):
     assert asking.result.startswith("done: send_report: sent to ops with key cc-")
 
 
+def test_rounds_of_pending_calls_on_a_worker(celery_procs, make_endpoint, api):
+    """One exchange, three rounds on real workers: a delegation, another
+    after it, an owner's approval; the exchange's ticket waits throughout
+    and the last round's turn completes it. The same for the Agents SDK."""
+    celery_procs.env["AGENT_PRELOAD"] = "pydantic_ai,openai_agents"
+    celery_procs.worker_and_beat()
+    make_endpoint("demo.echo")
+    make_endpoint("rounds.agent", runner={**AGENT, "path": "tests.agents.rounds_agent.build"})
+    make_endpoint(
+        "sdk.agent",
+        runner={
+            "kind": "agent",
+            "framework": "openai_agents",
+            "path": "tests.agents.openai_agent.build",
+            "side_effect_tools": ["send_report"],
+        },
+    )
+    for address in ("rounds.agent", "sdk.agent"):
+        parent = ask("steps delegate alpha | delegate beta, gamma | send ops", endpoint=address)
+
+        def approval_pending(address=address, parent=parent):
+            return [
+                c
+                for c in api.get(f"/endpoints/{address}/approvals").json()
+                if c["ticket"] == str(parent.id)
+            ]
+
+        [call] = wait_for(
+            approval_pending, timeout=60, interval=0.3, message=f"{address}'s third round"
+        )
+        assert state_of(parent.id) == "waiting"
+        children = Ticket.objects.filter(parent=parent, callback_for__isnull=True)
+        assert sorted(c.input["text"] for c in children if "text" in c.input) == [
+            "alpha",
+            "beta",
+            "gamma",
+        ]
+        assert TicketEvent.objects.filter(ticket=parent, kind="waiting_again").count() == 2
+        decided = api.post(
+            f"/endpoints/{address}/approvals/{parent.id}/{call['call_id']}",
+            {"approve": True, "reason": "ops asked for it"},
+        )
+        assert decided.status_code == 200, decided.json()
+        parent = settled(parent)
+        assert parent.state == "succeeded", parent.error
+        assert parent.result.startswith("done: delegate: ")
+        for word in ("alpha", "beta", "gamma", "sent to ops with key cc-"):
+            assert word in parent.result, (address, parent.result)
+        assert Ticket.objects.get(id=decided.json()["approval_ticket"]).state == "succeeded"
+
+
 def test_a_worker_killed_mid_tool_call_leaves_a_started_receipt(
     celery_procs, make_endpoint, client
 ):
