@@ -16,7 +16,9 @@ share one budget, so more keys do not buy more share. Three limits:
 - **waits**: ``RATE_LIMIT_CONCURRENT_WAITS`` ``wait_s`` waits per user
   across all processes, and ``API_WAIT_SLOTS`` per process. A ``wait_s``
   that finds no free slot is not refused: its ticket was admitted, so the
-  answer is the ticket as it stands, at once (the caller polls on).
+  answer is the ticket as it stands, at once (the caller polls on). A call
+  that is only a wait (MCP's ``wait_for_ticket``) is refused instead: 429
+  ``rate_limited``.
 
 429s carry ``Retry-After`` and the IETF draft's ``RateLimit-Limit``,
 ``RateLimit-Remaining`` and ``RateLimit-Reset`` (seconds) headers.
@@ -264,31 +266,62 @@ def _wait_slots() -> threading.BoundedSemaphore | None:
 
 
 @contextlib.contextmanager
-def wait_slot(user) -> Iterator[bool]:
-    """Yield whether ``user`` may hold a thread waiting now: a free slot of
-    this process (``API_WAIT_SLOTS``) and a free one of the user's
-    (``RATE_LIMIT_CONCURRENT_WAITS``, 0: no per-user limit). No slot is
-    not an error: the caller answers with what it has."""
+def _wait_slot(user) -> Iterator[RateLimited | None]:
+    """Yield None while ``user`` holds a wait slot (one of this process's
+    ``API_WAIT_SLOTS`` and one of the user's ``RATE_LIMIT_CONCURRENT_WAITS``,
+    0: no per-user limit), or the refusal saying which limit is full."""
     slots = _wait_slots()
     if slots is None or not slots.acquire(blocking=False):
-        yield False
+        size = max(0, settings.API_WAIT_SLOTS)
+        yield RateLimited(
+            f"the {size} wait slots of this server process are taken (API_WAIT_SLOTS); "
+            "retry when one has answered",
+            limit=size,
+            retry_after=1,
+        )
         return
     try:
         limit = settings.RATE_LIMIT_CONCURRENT_WAITS
         if limit <= 0:
-            yield True
+            yield None
             return
         key = subject(user)
-        member, _held = _acquire("waits", key, limit)
+        member, held = _acquire("waits", key, limit)
         if member is None:
-            yield False
+            yield RateLimited(
+                f"{held} waits of this caller are in flight, its limit "
+                "(RATE_LIMIT_CONCURRENT_WAITS); retry when one has answered",
+                limit=limit,
+                retry_after=1,
+            )
             return
         try:
-            yield True
+            yield None
         finally:
             _release("waits", key, member)
     finally:
         slots.release()
+
+
+@contextlib.contextmanager
+def wait_slot(user) -> Iterator[bool]:
+    """Yield whether ``user`` may hold a thread waiting now (``_wait_slot``).
+    No slot is not an error: the caller answers with what it has (an
+    admission's ``wait_s``: the ticket as it stands)."""
+    with _wait_slot(user) as refusal:
+        yield refusal is None
+
+
+@contextlib.contextmanager
+def required_wait_slot(user) -> Iterator[None]:
+    """A wait slot for a call that is nothing but a wait (MCP's
+    ``wait_for_ticket``): without one it is 429 ``rate_limited``, naming
+    the limit that is full, rather than an answer that would have the
+    caller call again at once."""
+    with _wait_slot(user) as refusal:
+        if refusal is not None:
+            raise refusal
+        yield
 
 
 class FairShareMiddleware:

@@ -16,12 +16,13 @@ from django.conf import settings
 from django.http import HttpRequest
 from pydantic import Field
 
-from core import limits
+from core import fairshare, limits
 from core.errors import Invalid
 from core.schemas import Out, Strict
 from core.tools import Tool
 
 from . import api, selectors
+from .models import TERMINAL_STATES
 from .ports import endpoint_directory
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
 
@@ -123,7 +124,11 @@ def wait(request: HttpRequest, params: WaitIn) -> dict[str, Any]:
     if params.wait_s > cap:
         raise Invalid(f"wait_s must be at most {cap:g}")
     ticket = api.visible(request, params.ticket_id)
-    return selectors.ticket_payload(api.wait_for_terminal(ticket, params.wait_s))
+    if ticket.state in TERMINAL_STATES:
+        return selectors.ticket_payload(ticket)
+    # A wait slot, as the API's wait_s takes one; none free is rate_limited.
+    with fairshare.required_wait_slot(request.user):
+        return selectors.ticket_payload(api.wait_for_terminal(ticket, params.wait_s))
 
 
 def list_(request: HttpRequest, params: ListIn) -> dict[str, Any]:

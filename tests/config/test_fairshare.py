@@ -157,3 +157,79 @@ def test_mcp_counts_requests_in_flight_as_the_api_does(client, api, fair_share, 
     fairshare._release("requests", subject, member)
     assert client.post("/mcp", call, content_type="application/json", **headers).status_code == 200
     assert api.get("/tickets").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_waits_take_a_wait_slot_and_none_free_is_rate_limited(
+    client, api, fair_share, staff_user, make_endpoint, monkeypatch
+):
+    """``wait_for_ticket`` holds a wait slot of the user (and of the process)
+    while it waits, like the API's ``wait_s``; with none free it is a tool
+    error with the API's 429 ``rate_limited`` body, naming the limit."""
+    from tickets import api as tickets_api
+    from tickets import lifecycle
+    from tickets.admission import admit_ticket
+
+    make_endpoint("idle")  # no worker: its ticket stays queued
+    ticket = admit_ticket(endpoint="idle", input={}, submitted_by_id=staff_user.id).ticket
+    fair_share.RATE_LIMIT_CONCURRENT_WAITS = 1
+    subject = fairshare.subject(staff_user)
+    waits_key = f"{fairshare.KEY_PREFIX}:waits:{subject}"
+    redis = fairshare.storage().storage
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {api.key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+        "HTTP_MCP_PROTOCOL_VERSION": "2025-06-18",
+    }
+
+    def wait_for_ticket(wait_s: float) -> dict:
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {
+                "name": "wait_for_ticket",
+                "arguments": {"ticket_id": str(ticket.id), "wait_s": wait_s},
+            },
+        }
+        response = client.post("/mcp", json.dumps(body), content_type="application/json", **headers)
+        assert response.status_code == 200, response.content
+        return response.json()["result"]
+
+    held_while_waiting = []
+    real_wait = tickets_api.wait_for_terminal
+
+    def watched(t, wait_s):
+        held_while_waiting.append(redis.zcard(waits_key))
+        return real_wait(t, wait_s)
+
+    monkeypatch.setattr(tickets_api, "wait_for_terminal", watched)
+    result = wait_for_ticket(0.2)
+    assert result["isError"] is False and result["structuredContent"]["state"] == "queued"
+    assert held_while_waiting == [1] and redis.zcard(waits_key) == 0  # taken, then given back
+
+    # Another wait of the user's holds its one slot.
+    member, _ = fairshare._acquire("waits", subject, 1)
+    assert member
+    try:
+        refused = wait_for_ticket(30)
+        assert refused["isError"] is True
+        body = refused["structuredContent"]
+        assert (body["error"], body["status"], body["limit"], body["retry_after"]) == (
+            "rate_limited",
+            429,
+            1,
+            1,
+        )
+        assert "RATE_LIMIT_CONCURRENT_WAITS" in body["detail"]
+        assert held_while_waiting == [1]  # no wait began
+    finally:
+        fairshare._release("waits", subject, member)
+    # The process's own slots full: the same error, naming API_WAIT_SLOTS.
+    fair_share.API_WAIT_SLOTS = 0
+    body = wait_for_ticket(30)["structuredContent"]
+    assert body["error"] == "rate_limited" and "API_WAIT_SLOTS" in body["detail"]
+    # A ticket already ended needs no wait, and no slot.
+    lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test")
+    done = wait_for_ticket(30)
+    assert done["isError"] is False and done["structuredContent"]["state"] == "cancelled"
