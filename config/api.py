@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, JsonResponse
+from django.http import Http404
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from accounts.auth import ApiKeyAuth
 from config.openapi import DocumentedErrorsAPI
-from core.errors import DomainError
+from core.errors import DomainError, error_response
 from core.inputs import JsonParser
 
 log = logging.getLogger(__name__)
@@ -29,16 +29,9 @@ api = DocumentedErrorsAPI(
 )
 
 
-def error_response(status: int, code: str, detail: str, **extra) -> JsonResponse:
-    return JsonResponse({"error": code, "detail": detail, **extra}, status=status)
-
-
 @api.exception_handler(DomainError)
 def _domain_error(request, exc: DomainError):
-    response = JsonResponse(exc.payload(), status=exc.status)
-    for name, value in exc.headers().items():
-        response[name] = value
-    return response
+    return exc.response()
 
 
 @api.exception_handler(ValidationError)

@@ -44,11 +44,11 @@ from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import ValidationError
 
-from core.errors import DomainError, RateLimited
+from core.errors import DomainError, RateLimited, error_body, error_response
 from core.inputs import check_value
 from core.tools import Tool
 
@@ -118,7 +118,7 @@ def definitions() -> list:
 def error_payload(status: int, code: str, detail: str, **extra: Any) -> dict[str, Any]:
     """The API's error body (API.md "Errors") and the HTTP status the API
     would have answered."""
-    return {"error": code, "detail": detail, **extra, "status": status}
+    return {**error_body(code, detail, **extra), "status": status}
 
 
 def invalid_arguments(exc: ValidationError) -> dict[str, Any]:
@@ -139,7 +139,8 @@ def run_tool(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool
     Every failure becomes an error result with the API's code, never an
     exception out of here: the SDK would turn one into a generic message.
     """
-    from core.transient import describe, drop_broken_connection, is_transient
+    from core.middleware import unavailable_body
+    from core.transient import drop_broken_connection, is_transient
 
     tool = tools().get(name)
     if tool is None:
@@ -160,17 +161,13 @@ def run_tool(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool
         if not is_transient(exc):
             log.exception("mcp tool %s failed", name)
             return error_payload(500, "internal", "the server failed; the error is logged"), True
-        # As the API's 503 (core/middleware.py): repeating the same call
-        # (the same dedupe key, for a submission) is safe.
+        # The API's 503 (core/middleware.py): its body, and its log line,
+        # at most one a second per process however many calls meet the
+        # outage. Repeating the same call (the same dedupe key, for a
+        # submission) is safe.
         drop_broken_connection()
-        retry_after = max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
-        log.warning("mcp tool %s: unavailable: %s", name, describe(exc))
-        answer = error_payload(
-            503,
-            "unavailable",
-            f"the database or broker is briefly unreachable; retry in {retry_after} s",
-            retry_after=retry_after,
-        )
+        body = unavailable_body(request, exc, during=f"tool {name}")
+        return {**body, "status": 503}, True
     # What Django's request log says of an API route's 4xx (the HTTP
     # status of /mcp is 200 whatever the tool answered).
     log.info("mcp tool %s: %s %s", name, answer["status"], answer["error"])
@@ -286,13 +283,6 @@ def _scope(request: HttpRequest) -> dict[str, Any]:
 _PASSED_HEADERS = frozenset({"content-type", "mcp-protocol-version", "mcp-session-id"})
 
 
-def _refuse(status: int, code: str, detail: str, headers: dict[str, str]) -> JsonResponse:
-    response = JsonResponse({"error": code, "detail": detail}, status=status)
-    for name, value in headers.items():
-        response[name] = value
-    return response
-
-
 @csrf_exempt
 def mcp_view(request: HttpRequest) -> HttpResponse:
     """``/mcp``: steps 1 to 3 of the module docstring."""
@@ -302,23 +292,23 @@ def mcp_view(request: HttpRequest) -> HttpResponse:
     from core.middleware import body_too_large
 
     if request.method != "POST":
-        return _refuse(
+        return error_response(
             405,
             "method_not_allowed",
             f"{request.method} is not allowed on /mcp: the server is stateless and answers "
             "each POST with one JSON body (no event stream, no sessions)",
-            {"Allow": "POST"},
+            headers={"Allow": "POST"},
         )
     try:
         caller = ApiKeyAuth()(request)
     except RateLimited as exc:  # the key's requests in flight, as on the API (fairshare.py)
-        return _refuse(exc.status, exc.code, exc.detail, exc.headers())
+        return exc.response()
     if caller is None:
-        return _refuse(
+        return error_response(
             401,
             "unauthenticated",
             "a valid 'Authorization: Bearer <key>' is required",
-            {"WWW-Authenticate": 'Bearer realm="claimcheck"'},
+            headers={"WWW-Authenticate": 'Bearer realm="claimcheck"'},
         )
     too_large = body_too_large(request)
     if too_large is not None:

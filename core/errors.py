@@ -5,6 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import JsonResponse
+
+
+def error_body(code: str, detail: str, **extra: Any) -> dict[str, Any]:
+    """The documented error body: ``{"error": code, "detail": sentence, ...}``."""
+    return {"error": code, "detail": detail, **extra}
+
+
+def error_response(
+    status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> JsonResponse:
+    """An error answer in the documented shape, with ``headers``."""
+    response = JsonResponse(error_body(code, detail, **extra), status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
 
 class DomainError(Exception):
     status = 400
@@ -21,6 +38,12 @@ class DomainError(Exception):
     def headers(self) -> dict[str, str]:
         """Response headers the error carries (none but for a few codes)."""
         return {}
+
+    def response(self) -> JsonResponse:
+        """This error as the API answers it: its status, body and headers."""
+        return error_response(
+            self.status, self.code, self.detail, headers=self.headers(), **self.extra
+        )
 
 
 class Invalid(DomainError):

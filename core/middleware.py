@@ -13,6 +13,7 @@ from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.template.loader import render_to_string
 from django.views import defaults
 
+from core.errors import error_body
 from core.inputs import Unstorable, is_json, join, text_problem
 
 log = logging.getLogger(__name__)
@@ -146,23 +147,36 @@ def _wants_json(request) -> bool:
     return request.path.startswith(("/api/", "/healthz", "/readyz", "/mcp"))
 
 
-def unavailable_response(request, exc: BaseException) -> HttpResponse:
-    from django.conf import settings
+def _outage(exc: BaseException) -> tuple[str, int]:
+    """(what is unreachable, the Retry-After in seconds) for a transient fault."""
+    from core.transient import TRANSIENT_BROKER_ERRORS
 
-    from core.transient import TRANSIENT_BROKER_ERRORS, describe
-
-    retry_after = max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
     what = "message broker" if isinstance(exc, TRANSIENT_BROKER_ERRORS) else "database"
-    _log_unavailable(request, describe(exc))
+    return what, max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
+
+
+def unavailable_body(request, exc: BaseException, *, during: str = "") -> dict:
+    """The documented 503 ``unavailable`` body for a transient fault,
+    logged as every 503 is (at most one WARNING a second per process:
+    ``_log_unavailable``); ``during`` names what met it, for the log line.
+    The answer's own form is the caller's: a response
+    (``unavailable_response``), or an MCP tool error (config/mcp.py)."""
+    from core.transient import describe
+
+    what, retry_after = _outage(exc)
+    _log_unavailable(request, f"{during}: {describe(exc)}" if during else describe(exc))
+    return error_body(
+        "unavailable",
+        f"the {what} is briefly unreachable; retry in {retry_after} s",
+        retry_after=retry_after,
+    )
+
+
+def unavailable_response(request, exc: BaseException) -> HttpResponse:
+    body = unavailable_body(request, exc)
+    what, retry_after = _outage(exc)
     if _wants_json(request):
-        response: HttpResponse = JsonResponse(
-            {
-                "error": "unavailable",
-                "detail": f"the {what} is briefly unreachable; retry in {retry_after} s",
-                "retry_after": retry_after,
-            },
-            status=503,
-        )
+        response: HttpResponse = JsonResponse(body, status=503)
     else:
         response = HttpResponse(
             render_to_string("503.html", {"what": what, "retry_after": retry_after}),

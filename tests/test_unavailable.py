@@ -155,6 +155,53 @@ def test_mcp_during_an_outage_is_503_or_an_unavailable_tool_error(
     assert response.json()["result"]["structuredContent"] == {"items": [], "next_cursor": None}
 
 
+def test_mcp_tool_errors_in_an_outage_are_the_documented_503_logged_as_503s_are(
+    client, api_key, make_endpoint, settings, caplog, monkeypatch
+):
+    """A tool that meets an outage answers the API's 503 body (docs/mcp.md
+    "Errors") and is logged as every 503 is: one WARNING naming /mcp, the
+    tool and the cause, then none for the next calls within the second
+    (the middleware's throttle, shared), never an ERROR."""
+    from core import middleware
+
+    make_endpoint("up")
+    throttle = {"at": -1e9, "suppressed": 0}
+    monkeypatch.setattr(middleware, "_unavailable_log", throttle)
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "list_tickets", "arguments": {"endpoint": "up"}},
+        }
+    )
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {api_key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+        "HTTP_MCP_PROTOCOL_VERSION": "2025-06-18",
+    }
+    retry_after = max(1, int(settings.UNAVAILABLE_RETRY_AFTER_S))
+    with caplog.at_level(logging.INFO), database_down(lambda sql: "tickets_ticket" in sql):
+        for _ in range(4):
+            response = client.post("/mcp", body, content_type="application/json", **headers)
+            assert response.status_code == 200
+            result = response.json()["result"]
+            assert result["isError"] is True
+            assert result["structuredContent"] == {
+                "error": "unavailable",
+                "detail": f"the database is briefly unreachable; retry in {retry_after} s",
+                "retry_after": retry_after,
+                "status": 503,
+            }
+            assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.levelname for r in lines] == ["WARNING"], [r.getMessage() for r in lines]
+    message = lines[0].getMessage()
+    assert message.startswith("503 unavailable for POST /mcp: tool list_tickets: ")
+    assert "OperationalError" in message
+    assert throttle["suppressed"] == 3
+
+
 def test_503s_log_one_warning_a_second_with_their_cause_and_no_error(api, caplog, monkeypatch):
     """An outage is one event: a WARNING naming the cause at most once a
     second per process (with the count it stood for), never Django's
