@@ -132,6 +132,14 @@ class PydanticAIAdapter:
         a second a turn)."""
         if self._warm:
             return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            # An event loop runs in this thread (a host embedding the runtime
+            # in async code): asyncio.run cannot; the turn's process warms.
+            return
         from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
         from pydantic_ai.models.function import FunctionModel
 
