@@ -478,4 +478,9 @@ def _pending(
         if len(body) <= APPROVAL_ARGS_BYTES:
             call["args"] = a.args if _plain(a.args) else body.decode()
         pending[a.call_id] = call
+    if not pending:
+        # Nothing would ever answer it: the exchange would wait forever.
+        raise _BadStep(
+            {"code": "bad_delegation", "detail": "the agent's run ended waiting on no call"}
+        )
     return children, pending

@@ -53,15 +53,12 @@ def ask(prompt: str) -> Ticket:
 
 
 def open_children(parent: Ticket) -> list[Ticket]:
-    """The parent's delegated children that have not run yet."""
+    """The parent's delegated children that have not run yet (its approval
+    tickets are on the agent's own endpoint)."""
     return list(
-        Ticket.objects.filter(
-            parent=parent, callback_for__isnull=True, state="queued", endpoint__address="demo.echo"
-        ).order_by("id")
-    ) + list(
-        Ticket.objects.filter(
-            parent=parent, callback_for__isnull=True, state="queued", endpoint__address="demo.fail"
-        ).order_by("id")
+        Ticket.objects.filter(parent=parent, state="queued")
+        .exclude(endpoint=parent.endpoint)
+        .order_by("id")
     )
 
 
