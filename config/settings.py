@@ -168,6 +168,11 @@ DATABASE_APP_ROLE = env.str("DATABASE_APP_ROLE", default="") or (
 # TURN_CHAIN_MAX=1: every ticket goes through the broker.
 TURN_CHAIN_MAX = max(1, env.int("TURN_CHAIN_MAX", default=20))
 TURN_CHAIN_WINDOW_S = env.float("TURN_CHAIN_WINDOW_S", default=1.0)
+# A process-isolated turn runs in its worker slot's warm process, which is
+# replaced after this many turns (and after any interrupt, kill or a turn
+# that changed its environment): endpoints/isolation.py. 1: a fresh process
+# for every turn (still forked ahead, after the previous task).
+ISOLATION_RECYCLE_TURNS = max(1, env.int("ISOLATION_RECYCLE_TURNS", default=500))
 # API keys verified in this process are remembered this many seconds (0: off),
 # at most API_KEY_CACHE_SIZE of them (accounts/keys.py): a revocation or a
 # user's deactivation made elsewhere takes effect here within this delay.

@@ -38,7 +38,7 @@ from celery import signals
 from celery.worker.control import control_command
 from django.db import connection
 
-from . import registry, runners, runtime
+from . import isolation, registry, runners, runtime
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,14 @@ def _install_pool_handler(sender=None, **kwargs) -> None:
 @signals.task_postrun.connect
 def _turn_task_done(sender=None, **kwargs) -> None:
     IN_TURN_TASK.clear()
+    if SHUTDOWN.is_set():
+        return
+    # Off any turn's budget: the warm turn process of this slot, when the
+    # last turn retired it (endpoints/isolation.py).
+    try:
+        isolation.replenish()
+    except Exception:  # the next isolated turn forks its own
+        log.exception("no warm turn process forked ahead")
 
 
 def _busy() -> bool:

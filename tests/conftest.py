@@ -136,6 +136,16 @@ def _fresh_api_key_cache():
     key_cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_turn_processes():
+    """A warm turn process (endpoints/isolation.py) forked during one test
+    keeps that test's settings and patches: the next test forks its own."""
+    yield
+    isolation = sys.modules.get("endpoints.isolation")
+    if isolation is not None:
+        isolation.retire_idle()
+
+
 @pytest.fixture
 def staff_user(django_user_model):
     return django_user_model.objects.create_user("staff", password="pw", is_staff=True)
