@@ -11,8 +11,14 @@ concurrency on the same broker, measured in the same run.
   before the first admission to the latest ``finished_at`` of the N tickets;
   the bench polls the database until all are terminal (with a deadline).
 - isolated: the same N tickets on K endpoints whose echo runs
-  ``"isolation": "process"`` (a forked child per turn), in the same run: the
-  per-turn cost of process isolation against the inline pipeline.
+  ``"isolation": "process"`` (each slot's warm turn process), in the same
+  run: the per-turn cost of process isolation against the inline pipeline.
+- isolated in this process: turns run one after another in the bench's own
+  process (no admission, broker or pool in the clock), an inline and a
+  process-isolated echo endpoint alternating in blocks (``--iso-turns`` per
+  block): the worker's own cost of a turn in each mode, side by side. The
+  pipeline figure above is bounded by admission on a loaded machine; this
+  one is not.
 - floor: N ``bench.noop`` tasks (bench/noop_app.py: its own Celery app, no
   Django) published to the same Redis db and consumed by
   ``celery -A bench.noop_app worker -Q bench_noop -c C``; the clock runs
@@ -54,6 +60,8 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 from bench import benchlib  # noqa: E402
 
 PROBE = "bench.turns-probe"
+# The same probe, process-isolated (isolated vs inline in this process).
+PROBE_ISO = "bench.turns-probe-iso"
 # A backlog on one endpoint, and turns on another beside it.
 HOT, QUIET = "bench.turns-hot", "bench.turns-quiet"
 
@@ -236,6 +244,43 @@ def probe_turns(
     }
 
 
+def probe_isolation(turns: int, blocks: int = 4) -> dict:
+    """Turns one after another in this process (publishing off), blocks of
+    ``turns`` on the inline probe and on the isolated one alternating (which
+    goes first alternates too), so both see the same background load: ms of
+    this process per turn in each mode."""
+    from config.celery import app
+    from endpoints.runtime import run_ticket
+    from tickets.admission import admit_ticket
+
+    spent = {PROBE: 0.0, PROBE_ISO: 0.0}
+    with mock.patch.object(app, "send_task", lambda *a, **kw: None), quiet_logs():
+        ids = {
+            ep: [
+                admit_ticket(endpoint=ep, input={"i": i}, dedupe_key=f"iso-{ep}-{i}").ticket.id
+                for i in range(turns * blocks + 1)
+            ]
+            for ep in spent
+        }
+        for ep in spent:  # warm: the isolated probe's process is forked here
+            run_ticket(ticket_id=ids[ep][0], celery_task_id=str(uuid.uuid4()))
+        for block in range(blocks):
+            order = [PROBE, PROBE_ISO] if block % 2 == 0 else [PROBE_ISO, PROBE]
+            for ep in order:
+                started = time.perf_counter()
+                for ticket_id in ids[ep][1 + block * turns : 1 + (block + 1) * turns]:
+                    run_ticket(ticket_id=ticket_id, celery_task_id=str(uuid.uuid4()))
+                spent[ep] += time.perf_counter() - started
+    inline_ms = spent[PROBE] / (turns * blocks) * 1e3
+    isolated_ms = spent[PROBE_ISO] / (turns * blocks) * 1e3
+    return {
+        "turns": turns * blocks,
+        "inline_ms": round(inline_ms, 2),
+        "isolated_ms": round(isolated_ms, 2),
+        "ratio": round(inline_ms / isolated_ms, 3),
+    }
+
+
 def probe_beside_backlog(backlog: int) -> dict:
     """Turns on a quiet endpoint while another holds ``backlog`` queued
     tickets, admitted after the statistics were taken (as between two
@@ -280,6 +325,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print a turn's SQL and cProfile")
     parser.add_argument("--latency-probes", type=int, default=40, help="dispatch latency samples")
     parser.add_argument("--backlog", type=int, default=5000, help="queued beside the last probe")
+    parser.add_argument("--iso-turns", type=int, default=50, help="in-process turns per block")
     parser.add_argument("--keep", action="store_true", help="keep claimcheck_bench afterwards")
     args = parser.parse_args()
     n, k, reps = min(args.n, 5000), max(1, min(args.k, 200)), min(args.reps, 7)
@@ -299,7 +345,7 @@ def main() -> None:
     from endpoints.services import create_endpoint
 
     # The pipeline runs inline (the floor of the runtime itself); the same
-    # tickets on process-isolated endpoints show what a fork per turn costs.
+    # tickets on process-isolated endpoints show what isolation costs.
     runner = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
     isolated = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "process"}
     for i in range(k):
@@ -307,6 +353,7 @@ def main() -> None:
         create_endpoint(address=endpoint_address(i, True), runner=isolated)
     for address in (PROBE, HOT, QUIET):
         create_endpoint(address=address, runner=runner)
+    create_endpoint(address=PROBE_ISO, runner=isolated)
     # History on an endpoint of its own: the turn's queries go by ticket id,
     # lock row and the partial queued index, not by how many tickets exist.
     benchlib.seed_ledger(create_endpoint(address="bench.seed", runner=runner).id)
@@ -360,6 +407,7 @@ def main() -> None:
         # With the workers gone: no dispatcher publishes the probe's tickets.
         queries = probe_turns(show=args.profile)
         beside = probe_beside_backlog(min(args.backlog, 50_000))
+        in_process = probe_isolation(max(1, min(args.iso_turns, 1000)))
         if args.profile:
             profile_turns(50)
     finally:
@@ -404,9 +452,14 @@ def main() -> None:
         f"p90 {latency['p90_ms']:.1f} ms"
     )
     print(
-        f"isolated turns (a fork per turn, the same {k} endpoints' worth): {med_i:.0f} tickets/s  "
+        f"isolated turns (the same {k} endpoints' worth): {med_i:.0f} tickets/s  "
         f"inline: {med_p:.0f} tickets/s  ratio isolated/inline {iso_ratio:.2f}  "
         f"(process isolation costs {fork_ms:.1f} ms of a worker process per turn)"
+    )
+    print(
+        f"isolated vs inline in this process ({in_process['turns']} turns each, alternating "
+        f"blocks): {in_process['isolated_ms']:.2f} ms vs {in_process['inline_ms']:.2f} ms "
+        f"per turn  ratio isolated/inline {in_process['ratio']:.2f}"
     )
     if failed:
         print(f"WARNING: {failed} ticket(s) did not succeed")
@@ -427,6 +480,7 @@ def main() -> None:
             "per_s_runs": [round(i["per_s"], 1) for i in iso],
             "ratio_to_inline": iso_ratio,
             "overhead_ms_per_turn": round(fork_ms, 1),
+            "in_process": in_process,
         },
         "turn_queries": queries,
         "beside_backlog": {"backlog": args.backlog, **beside},
