@@ -7,9 +7,9 @@ it the turn (the runner's function, the context's plain fields, the log
 context) over a pipe; the child runs it and sends the outcome back through
 the same pipe, then waits for the next turn. Everything that touches the
 database (start, heartbeat, ``children_of``, finish) stays in the
-supervisor, which answers the child's ``heartbeat()``, ``children_of()``,
-``ticket_state()``, ``continuation()`` and ``record()`` (a turn event written now)
-over the pipe.
+supervisor, which answers the child's ``heartbeat()``, ``history``,
+``children_of()``, ``ticket_state()``, ``continuation()`` and ``record()`` (a
+turn event written now) over the pipe.
 The interrupt flag is a shared event the supervisor sets when its heartbeat
 sees the turn asked to stop.
 
@@ -47,7 +47,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .runners import Outcome, TurnContext
+from .runners import Outcome, RunnerError, TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +293,13 @@ def _child_main(conn: Connection, interrupt: Any, supervisor: int) -> None:
         os._exit(code)
 
 
+def _history(channel: _ChildChannel) -> list[dict[str, Any]]:
+    rows = channel.ask("history")
+    if rows is None:  # as inline: the read's failure reaches the runner
+        raise RunnerError("the endpoint's history could not be read")
+    return rows
+
+
 def _child_turn(conn: Connection, interrupt: Any, fields: dict, log_context: dict, run) -> bool:
     """One turn in the child; True when the process is fit for another."""
     from config import logs
@@ -308,6 +315,9 @@ def _child_turn(conn: Connection, interrupt: Any, fields: dict, log_context: dic
         _ticket_state=lambda ticket: channel.ask("ticket_state", ticket),
         _continuation_of=lambda ticket: channel.ask("continuation_of", ticket),
         _record=lambda event: channel.ask("record", event),
+        # Read when the runner first asks, as inline: a turn that never looks
+        # costs no query.
+        _load_history=lambda: _history(channel),
     )
     token = logs._context.set(dict(log_context))
     try:
@@ -486,6 +496,7 @@ _FAILED_ANSWER: dict[str, Any] = {
     "ticket_state": None,
     "continuation_of": None,
     "record": False,
+    "history": None,
 }
 
 
@@ -500,6 +511,8 @@ def _answer(ctx: TurnContext, verb: str, args: tuple) -> Any:
         return ctx._continuation_of(args[0]) if ctx._continuation_of else None
     if verb == "record":
         return ctx._record(args[0]) if ctx._record else False
+    if verb == "history":
+        return ctx.history
     raise ValueError(f"unknown request {verb!r} from a turn's process")
 
 

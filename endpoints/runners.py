@@ -261,8 +261,6 @@ def run(ctx: TurnContext) -> Outcome:
         if kind == "python" and isolation(ctx.runner) == PROCESS:
             from .isolation import run_isolated
 
-            ctx.history  # noqa: B018 - read here: the forked child has no database
-
             outcome = run_isolated(
                 ctx, _run_python, kill_after_s=kill_after_s(ctx.runner, ctx.interrupt_grace_s)
             )
@@ -272,7 +270,6 @@ def run(ctx: TurnContext) -> Outcome:
             from .agents.runner import preload, run_agent
             from .isolation import run_isolated
 
-            ctx.history  # noqa: B018 - read here: the forked child has no database
             preload(ctx.runner)
 
             outcome = run_isolated(

@@ -325,10 +325,13 @@ def test_the_history_read_before_an_isolated_turn_waits_out_an_outage(
     make_endpoint, monkeypatch, isolation
 ):
     """The fault suite found it: a PostgreSQL restart met the supervisor's read
-    of the endpoint's history (before the fork: the child has no database),
-    the task raised, and the started turn was left to the budget sweep, which
-    quarantined a healthy endpoint. The read is retried like start and finish."""
-    make_endpoint("blip-history", isolation=isolation)
+    of the endpoint's history (an isolated turn's process has no database:
+    it asks the supervisor), the task raised, and the started turn was left
+    to the budget sweep, which quarantined a healthy endpoint. The read is
+    retried like start and finish."""
+    make_endpoint(
+        "blip-history", path="tests.endpoints.warm_runners.reads_history", isolation=isolation
+    )
     ticket = admit_ticket(endpoint="blip-history", input={"h": 1}).ticket
     flaky = fail_first(2, execute.recent_history)
     monkeypatch.setattr(execute, "recent_history", flaky)
@@ -336,6 +339,5 @@ def test_the_history_read_before_an_isolated_turn_waits_out_an_outage(
     runtime.run_ticket(ticket_id=ticket.id, celery_task_id="task-history")
 
     t = Ticket.objects.get(id=ticket.id)
-    assert t.state == "succeeded" and t.result == {"echo": {"h": 1}}
-    if isolation == "process":  # inline, demo.echo never asks for the history
-        assert len(flaky.calls) == 3
+    assert t.state == "succeeded" and t.result == {"echo": {"h": 1}, "history": 0}
+    assert len(flaky.calls) == 3

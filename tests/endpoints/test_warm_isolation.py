@@ -161,3 +161,24 @@ def test_a_thread_other_than_the_main_one_keeps_no_process():
     t.start()
     t.join(60)
     assert box["pid"] and not isolation._idle
+
+
+def test_the_history_is_read_by_the_supervisor_only_when_the_turn_asks(monkeypatch):
+    from endpoints.runtime import execute
+
+    calls = []
+
+    def history(*args, **kw):
+        calls.append(args)
+        raise ValueError("the ledger is unreadable")
+
+    monkeypatch.setattr(execute, "recent_history", history)
+    create_endpoint(
+        address="warm.no-history", runner={"kind": "python", "path": "endpoints.demo.echo"}
+    )
+    assert turn("warm.no-history").state == "succeeded" and not calls
+    failed = turn(endpoint("warm.history", "reads_history"))
+    assert len(calls) == 1
+    # Never an empty history in its place: the runner hears of the failure.
+    assert failed.state == "failed" and failed.error["code"] == "runner_raised"
+    assert "history could not be read" in failed.error["detail"]

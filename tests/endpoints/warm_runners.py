@@ -21,6 +21,10 @@ def where(ctx) -> dict:
     }
 
 
+def reads_history(ctx) -> dict:
+    return {"echo": ctx.input, "history": len(ctx.history)}
+
+
 def exports_a_secret(ctx) -> dict:
     os.environ["CC_WARM_TEST_LEAK"] = "a secret of this turn"
     return where(ctx)
