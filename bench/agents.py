@@ -3,7 +3,7 @@ same, measured in the same run.
 
     .venv/bin/python bench/agents.py [-n 40] [--reps 3]
 
-Three endpoints, each process-isolated (a fork per turn, as on a worker):
+Three endpoints, each process-isolated (the slot's warm turn process, as on a worker):
 
 - python: ``bench.agent_parts.remember``, a callable that reads the
   endpoint's history and answers like demo.agent's ``remember``;

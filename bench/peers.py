@@ -322,7 +322,7 @@ def main() -> None:
     from endpoints.services import create_endpoint
 
     # Inline, as turns.py's pipeline (the peers run their no-ops in process
-    # too); the default, a forked process per turn, is turns.py's "isolated".
+    # too); the default, the slot's warm turn process, is turns.py's "isolated".
     runner = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
     endpoint = create_endpoint(address=adm.ADDRESS, runner=runner)
     for i in range(k):

@@ -47,6 +47,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from . import registry
 from .runners import Outcome, RunnerError, TurnContext
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ def _spawn() -> WarmChild:
         _child_main(child_conn, interrupt, supervisor)
     child_conn.close()
     log.debug("warm turn process %s started", pid)
+    registry.slot_child(pid)
     return WarmChild(pid=pid, conn=parent_conn, interrupt=interrupt, keep=keep)
 
 

@@ -274,6 +274,9 @@ class WorkerSlot(models.Model):
     )
     since = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()
+    # The slot's warm turn process (endpoints/isolation.py), which runs its
+    # process-isolated turns: written when one is forked, not per turn.
+    child_pid = models.IntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -73,6 +73,28 @@ def _slot(turn_id: uuid.UUID | None) -> None:
         drop_broken_connection()
 
 
+_CHILD_SQL = """
+UPDATE endpoints_workerslot s SET child_pid = %(child)s
+FROM endpoints_worker w WHERE w.id = s.worker_id AND w.name = %(node)s AND s.pid = %(pid)s
+"""
+
+
+def slot_child(child_pid: int) -> None:
+    """This pool process forked ``child_pid`` as its warm turn process
+    (endpoints/isolation.py): the process its isolated turns run in, shown
+    beside the slot. Once per fork, not per turn."""
+    if not _node:
+        return
+    try:
+        with connection.cursor() as cur:
+            cur.execute(_CHILD_SQL, {"child": child_pid, "node": _node, "pid": os.getpid()})
+    except TRANSIENT_DB_ERRORS as exc:  # the registry is a view: never fail a turn for it
+        log.warning("worker slot's turn process not recorded: %s", describe(exc))
+        drop_broken_connection()
+    except Exception:
+        log.exception("worker slot's turn process not recorded")
+
+
 def current_slot() -> tuple[str, int] | None:
     """This pool process's slot (node name, pid), for the turn's start and
     finish functions, which record it themselves; None outside a worker."""

@@ -328,3 +328,11 @@ def command_env(runner: dict, base: dict[str, str]) -> tuple[dict[str, str], dic
         env[name] = secret(ref["secret"])
         resolved[env[name]] = ref["secret"]
     return env, resolved
+
+
+def runs_isolated(runner: dict[str, Any]) -> bool:
+    """Whether this runner's turns run in a turn process of their worker
+    slot (a python runner unless ``inline``; an agent always), not in the
+    pool process itself."""
+    kind = runner.get("kind")
+    return kind == "agent" or (kind == "python" and runner.get("isolation") != ISOLATIONS[1])

@@ -354,9 +354,7 @@ def stop_window_s(runner: dict[str, Any], heartbeat_timeout_s: float, grace_s: f
     evidence before it quarantines: the grace; for an isolated python turn
     also the escalation (the beat that carries the flag, SIGTERM,
     ``kill_after_s``, SIGKILL and the reap)."""
-    if runner.get("kind") == "agent" or (
-        runner.get("kind") == "python" and isolation(runner) == PROCESS
-    ):
+    if runner_spec.runs_isolated(runner):
         interval = heartbeat_interval(heartbeat_timeout_s, grace_s)
         return grace_s + interval + kill_after_s(runner, grace_s) + 2.0 + 1.0
     return grace_s

@@ -202,7 +202,13 @@ def _endpoint_payload(endpoint: Endpoint, *, full: bool) -> dict[str, Any]:
 def _slot_payload(slot: WorkerSlot, now) -> dict[str, Any]:
     turn = slot.turn
     if turn is None:
-        return {"pid": slot.pid, "status": "idle", "turn": None, "since": iso(slot.updated_at)}
+        return {
+            "pid": slot.pid,
+            "child_pid": slot.child_pid,
+            "status": "idle",
+            "turn": None,
+            "since": iso(slot.updated_at),
+        }
     ticket_state = turn.ticket.state
     if turn.state not in TURN_ACTIVE_STATES or ticket_state != "running":
         # A quarantined or decided turn whose callable still occupies the process.
@@ -211,10 +217,16 @@ def _slot_payload(slot: WorkerSlot, now) -> dict[str, Any]:
         status = "interrupting"
     else:
         status = "running"
+    # The process that runs the turn: an isolated one runs in the slot's
+    # warm turn process, an inline one in the pool process itself.
+    isolated = runner_spec.runs_isolated(turn.endpoint.runner)
     return {
         "pid": slot.pid,
+        "child_pid": slot.child_pid,
         "status": status,
         "turn": {
+            "pid": slot.child_pid if isolated and slot.child_pid else slot.pid,
+            "isolated": isolated,
             "id": str(turn.id),
             "seq": turn.seq,
             "state": turn.state,

@@ -73,3 +73,72 @@ def test_a_held_slot_a_starved_endpoint_and_a_lost_worker_are_shown(
     wait_for(lambda: _turns_worker(api)["status"] == "lost", timeout=15, message="the worker lost")
     assert Turn.objects.get(id=turn.id).state == "uncertain"  # no replay
     assert echo.id  # still queued: nobody runs it
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.integration
+def test_isolated_turns_run_in_the_slots_warm_process_shown_beside_the_slot(
+    celery_procs, make_endpoint, api, staff_user, client
+):
+    """One turn process per slot, kept between turns; the workers page shows
+    it as the process running an isolated turn; after a kill the next turn
+    gets a fresh one (endpoints/isolation.py)."""
+    from tickets.models import Ticket
+
+    celery_procs.control_and_beat()
+    celery_procs.worker("turns", queues="turns", concurrency=1)
+    wait_for(lambda: _turns_worker(api), timeout=20, message="the turns worker to register")
+    make_endpoint("warm.where", path="tests.endpoints.warm_runners.where")
+    make_endpoint("warm.nap", path="endpoints.demo.sleep")
+    make_endpoint(
+        "warm.stubborn",
+        runner={"kind": "python", "path": "endpoints.demo.stubborn", "kill_after_s": 0.5},
+        turn_budget_s=1,
+        interrupt_grace_s=1,
+    )
+
+    def where() -> int:
+        t = admit_ticket(endpoint="warm.where", input={}).ticket
+        wait_for(
+            lambda: Ticket.objects.get(id=t.id).state == "succeeded", timeout=30, message="a turn"
+        )
+        return Ticket.objects.get(id=t.id).result["pid"]
+
+    first = where()
+    assert where() == first  # kept between turns
+
+    nap = admit_ticket(endpoint="warm.nap", input={"seconds": 30}).ticket
+    slot = wait_for(
+        lambda: (s := _turns_worker(api)["slots"]) and s[0]["turn"] and s[0],
+        timeout=20,
+        message="the nap to show in its slot",
+    )
+    assert slot["turn"]["ticket"] == str(nap.id) and slot["turn"]["isolated"] is True
+    assert slot["turn"]["pid"] == slot["child_pid"] == first != slot["pid"]
+    assert _ppid(first) == slot["pid"]
+    client.force_login(staff_user)
+    assert f'data-turn-pid="{first}"' in client.get("/workers/").content.decode()
+    api.post(f"/tickets/{nap.id}/cancel", {})
+    wait_for(lambda: Ticket.objects.get(id=nap.id).state != "running", timeout=20, message="stop")
+    # Interrupted: that process proved its stop by exiting; the next is new.
+    assert Turn.objects.get(ticket=nap).stop_evidence["detail"]["pid"] == first
+    second = where()
+    assert second != first
+
+    stubborn = admit_ticket(endpoint="warm.stubborn", input={"seconds": 120}).ticket
+    wait_for(
+        lambda: Ticket.objects.get(id=stubborn.id).state == "failed",
+        timeout=25,
+        message="the escalation",
+    )
+    ev = Turn.objects.get(ticket=stubborn).stop_evidence
+    assert ev["kind"] == "process_exit" and ev["detail"]["signal"] == "SIGKILL"
+    assert ev["detail"]["pid"] == second
+    fresh = where()
+    assert fresh not in (first, second)
+    (slot,) = _turns_worker(api)["slots"]
+    assert slot["child_pid"] == fresh
