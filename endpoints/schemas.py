@@ -56,6 +56,10 @@ class HeartbeatOut(TurnOut):
 
 
 class SlotTurnOut(Out):
+    # The process that runs the turn: the slot's warm turn process for an
+    # isolated turn, the pool process for an inline one.
+    pid: int
+    isolated: bool
     id: str
     seq: int
     state: str
@@ -67,6 +71,7 @@ class SlotTurnOut(Out):
 
 class WorkerSlotOut(Out):
     pid: int
+    child_pid: int | None = None  # the slot's warm turn process, last forked
     status: str  # idle | running | interrupting | held
     turn: SlotTurnOut | None = None
     since: str | None = None
