@@ -304,7 +304,7 @@ def _history(channel: _ChildChannel) -> list[dict[str, Any]]:
 
 def _child_turn(conn: Connection, interrupt: Any, fields: dict, log_context: dict, run) -> bool:
     """One turn in the child; True when the process is fit for another."""
-    from config import logs
+    from core import logs
 
     _reset_turn_signals()
     environ, cwd = dict(os.environ), os.getcwd()
@@ -441,7 +441,7 @@ def run_isolated(ctx: TurnContext, run, *, kill_after_s: float) -> Outcome:
     returns, dies, or the escalation ends it. ``ctx._interrupt`` is the
     supervisor's flag (raised by its heartbeat thread). ``run`` is a
     module-level function (it crosses the pipe by name)."""
-    from config import logs
+    from core import logs
 
     message = ("turn", {f: getattr(ctx, f) for f in _CONTEXT_FIELDS}, logs.current(), run)
     child = _take()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from config import logs
+from core import logs
 from endpoints import isolation, runtime
 from endpoints.models import Turn
 from endpoints.services import create_endpoint
