@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('endpoints', '0002_initial'),
+        ('endpoints', '0003_plural_labels'),
     ]
 
     operations = [
