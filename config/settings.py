@@ -417,6 +417,10 @@ AGENT_PRELOAD = env.list("AGENT_PRELOAD", default=[])
 # 7 days. One source for the cap (endpoints.services) and the broker's
 # visibility timeout below, which must exceed it.
 MAX_TURN_BUDGET_S = 7 * 24 * 3600
+# Governed change: may the proposer of an endpoint change approve it
+# themselves? Not by default (another owner or staff reviews it); an
+# endpoint's own change_requires_second_person overrides this.
+CHANGE_REQUIRES_SECOND_PERSON = env.bool("CHANGE_REQUIRES_SECOND_PERSON", default=True)
 # No CELERY_BROKER_URL: the embedded Redis on its unix socket.
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or embedded.broker_url(VAR_DIR)
 # Where the fair-share counters live (core/fairshare.py): the broker's

@@ -109,3 +109,17 @@ class RateLimited(DomainError):
             "RateLimit-Remaining": "0",
             "RateLimit-Reset": str(self.retry_after),
         }
+
+
+class StaleGeneration(DomainError):
+    """A change made against an endpoint generation that is no longer the
+    current one; the body carries the current number and what changed since."""
+
+    status, code = 409, "stale_generation"
+
+
+class SecondPersonRequired(DomainError):
+    """The endpoint's changes need a second person: a proposer may not
+    approve their own proposal."""
+
+    status, code = 403, "second_person_required"

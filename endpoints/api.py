@@ -61,6 +61,8 @@ class EndpointIn(Strict):
     heartbeat_timeout_s: float | None = None
     requires_approval: bool | None = None
     busy_policy: Literal["enqueue", "reject"] | None = None
+    notes: str | None = Field(default=None, max_length=limits.NOTE_CHARS)
+    change_requires_second_person: bool | None = None
 
 
 class EndpointPatch(Strict):
@@ -74,6 +76,13 @@ class EndpointPatch(Strict):
     heartbeat_timeout_s: float | None = None
     requires_approval: bool | None = None
     busy_policy: Literal["enqueue", "reject"] | None = None
+    notes: str | None = Field(default=None, max_length=limits.NOTE_CHARS)
+    # Explicit null: the global CHANGE_REQUIRES_SECOND_PERSON decides.
+    change_requires_second_person: bool | None = None
+    # Why (recorded on the new generation) and, optionally, the generation
+    # the change was made against (409 stale_generation when it moved on).
+    reason: str | None = Field(default=None, max_length=limits.NOTE_CHARS)
+    generation: int | None = Field(default=None, ge=1)
 
 
 def require_staff(request: HttpRequest) -> None:
@@ -105,8 +114,14 @@ def get_endpoint(request: HttpRequest, address: str):
 def patch_endpoint(request: HttpRequest, address: str, payload: EndpointPatch):
     require_staff(request)
     changes = payload.model_dump(exclude_unset=True)
+    reason = changes.pop("reason", None) or ""
+    expected = changes.pop("generation", None)
     endpoint = services.update_endpoint(
-        address=address, changes=changes, actor=f"user:{request.user.username}"
+        address=address,
+        changes=changes,
+        actor=f"user:{request.user.username}",
+        reason=reason,
+        expected_generation=expected,
     )
     return endpoint_payload(endpoint, user=request.user)
 
@@ -204,6 +219,7 @@ def turn_payload(turn: Turn) -> dict[str, Any]:
         "endpoint": turn.endpoint.address,
         "ticket": str(turn.ticket_id),
         "seq": turn.seq,
+        "generation": turn.generation,
         "state": turn.state,
         "started_at": iso(turn.started_at),
         "heartbeat_at": iso(turn.heartbeat_at),

@@ -59,6 +59,16 @@ class Endpoint(models.Model):
     submit_restricted = models.BooleanField(default=False, db_default=False)
     submitter_users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="+")
     submitter_groups = models.ManyToManyField("auth.Group", blank=True, related_name="+")
+    # The current generation of the behaviour-defining fields (GENERATION_FIELDS):
+    # the row keeps the current values so a turn's start reads one row; every
+    # change of them is an EndpointGeneration (endpoints/generations.py).
+    generation = models.PositiveIntegerField(default=1, db_default=1)
+    # Notes for the next run: lines every later turn's runner is handed
+    # (TurnContext.notes, the http envelope, an agent's instructions).
+    notes = models.TextField(blank=True, default="", db_default="")
+    # May a proposer approve their own change? None: the global setting
+    # CHANGE_REQUIRES_SECOND_PERSON decides.
+    change_requires_second_person = models.BooleanField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -81,6 +91,152 @@ class Endpoint(models.Model):
 
     def __str__(self) -> str:
         return self.address
+
+
+# The behaviour-defining configuration of an endpoint: what a generation
+# snapshots, and all a proposal may change.
+GENERATION_FIELDS = (
+    "runner",
+    "turn_budget_s",
+    "interrupt_grace_s",
+    "heartbeat_timeout_s",
+    "busy_policy",
+    "requires_approval",
+    "notes",
+)
+
+
+class EndpointGeneration(models.Model):
+    """Append-only (UPDATE, DELETE and TRUNCATE refused): one version of an
+    endpoint's behaviour-defining configuration. Number 1 is written with
+    the endpoint; every change writes N+1 (endpoints/generations.py) in the
+    transaction that changes the endpoint row, conditional on N being
+    current. ``changes`` is the diff against N-1 ({field: {from, to}})."""
+
+    # No index of its own: generation_number_unique leads with it.
+    endpoint = models.ForeignKey(
+        Endpoint, on_delete=models.DO_NOTHING, related_name="generations", db_index=False
+    )
+    number = models.PositiveIntegerField()
+    config = models.JSONField()
+    changes = models.JSONField(default=dict)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    # The approved proposal it applies (None: a staff change or generation 1).
+    proposal = models.ForeignKey(
+        "endpoints.ChangeProposal",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+    )
+    # A rollback: the earlier generation whose content it restores.
+    restores = models.PositiveIntegerField(null=True, blank=True)
+    # The seq of the first turn that can run under it (the endpoint's
+    # turn_seq + 1 when it was written, under the endpoint row's lock, which
+    # a turn's start takes too): the turns of generation N are the seqs from
+    # its first_seq to N+1's, a range of the (endpoint, seq) index.
+    first_seq = models.BigIntegerField(default=1)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["endpoint_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "number"], name="generation_number_unique"),
+            models.CheckConstraint(condition=Q(number__gte=1), name="generation_number_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"generation {self.number} of {self.endpoint_id}"
+
+
+class ChangeProposal(models.Model):
+    """Append-only: a proposed change of an endpoint's configuration, a diff
+    against the generation it names. Its status is its one review
+    (ChangeReview): none yet is open."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.DO_NOTHING, related_name="proposals")
+    base_generation = models.PositiveIntegerField()
+    # {field: new value}, fields from GENERATION_FIELDS only.
+    changes = models.JSONField()
+    # {field: {from, to}} against base_generation.
+    diff = models.JSONField()
+    reason = models.TextField()
+    proposer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    # Where it came from: {} (an owner directly) or {"lesson": id, "case": id}.
+    origin = models.JSONField(default=dict, blank=True)
+    restores = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"proposal {self.id} for {self.endpoint_id}"
+
+
+class ReviewVerdict(models.TextChoices):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class ChangeReview(models.Model):
+    """Append-only: the decision on a proposal, one per proposal (the unique
+    proposal column is the guard two racing reviewers meet). An approval
+    names the generation it applied."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    proposal = models.OneToOneField(
+        ChangeProposal, on_delete=models.DO_NOTHING, related_name="review"
+    )
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    verdict = models.CharField(max_length=16, choices=ReviewVerdict.choices)
+    reason = models.TextField()
+    generation = models.PositiveIntegerField(null=True, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(verdict="approved") & Q(generation__isnull=False))
+                | (Q(verdict="rejected") & Q(generation__isnull=True)),
+                name="review_verdict_generation",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.verdict} {self.proposal_id}"
+
+
+class RouteGeneration(models.Model):
+    """Append-only: where an alias (a route) points, one row per change:
+    added, moved to another endpoint, removed (endpoint None). Admission
+    reads it to keep a key's identity across a move: a key admitted through
+    the alias before it moved is found on the endpoint it ran on."""
+
+    alias = models.SlugField(max_length=limits.ADDRESS_CHARS, db_index=False)
+    number = models.PositiveIntegerField()
+    endpoint = models.ForeignKey(
+        Endpoint, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+"
+    )
+    actor = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["alias", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["alias", "number"], name="route_generation_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.alias} #{self.number} -> {self.endpoint_id}"
 
 
 class EndpointEvent(models.Model):
@@ -187,6 +343,9 @@ class Turn(models.Model):
     # the only credential the turn API accepts for this turn. The token itself
     # is never stored; empty (turns from before tokens) matches nothing.
     token_sha256 = models.CharField(max_length=64, blank=True, default="", db_default="")
+    # The endpoint generation it ran under (its start wrote the endpoint's
+    # current one): a change approved while it runs does not touch it.
+    generation = models.PositiveIntegerField(default=1, db_default=1)
 
     class Meta:
         ordering = ["endpoint_id", "seq"]

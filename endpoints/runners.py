@@ -148,6 +148,11 @@ class TurnContext:
     _continuation_of: Callable[[str], dict[str, Any] | None] | None = field(
         default=None, repr=False
     )
+    # The endpoint generation the turn runs under, and its notes for the next
+    # run (an approved lesson's "check the tool first", a role guide line):
+    # every turn of that generation is handed them.
+    generation: int = 1
+    notes: str = ""
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -191,12 +196,14 @@ class TurnContext:
             "turn": {
                 "id": str(self.turn_id),
                 "seq": self.seq,
+                "generation": self.generation,
                 "deadline_at": self.deadline.isoformat(),
                 # For the turn API: ``Authorization: Bearer <token>``.
                 "token": self.token,
             },
             "ticket": {"id": str(self.ticket_id), "input": self.input},
             "endpoint": self.endpoint,
+            "notes": self.notes,
             "history": self.history,
             "trace": tracing.envelope_trace(),  # {trace_id, traceparent} of the ticket's trace
         }

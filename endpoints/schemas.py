@@ -29,6 +29,9 @@ class EndpointOut(Out):
     lock: LockOut
     queued: int
     turn_seq: int
+    generation: int
+    notes: str | None = None
+    change_requires_second_person: bool | None = None
     turn_budget_s: int | float
     interrupt_grace_s: int | float
     heartbeat_timeout_s: int | float
@@ -42,6 +45,7 @@ class TurnOut(Out):
     endpoint: str
     ticket: str
     seq: int
+    generation: int
     state: str
     started_at: str | None = None
     heartbeat_at: str | None = None

@@ -121,6 +121,16 @@ def turn_for_token(turn_id: object, token: str) -> Turn | None:
     return turn
 
 
+def requires_second_person(endpoint: Endpoint) -> bool:
+    """May a proposer not approve their own change? The endpoint's own
+    setting, else the global CHANGE_REQUIRES_SECOND_PERSON."""
+    from django.conf import settings
+
+    if endpoint.change_requires_second_person is not None:
+        return endpoint.change_requires_second_person
+    return settings.CHANGE_REQUIRES_SECOND_PERSON
+
+
 def is_quarantined(endpoint: Endpoint) -> bool:
     return endpoint.state == EndpointState.QUARANTINED
 
@@ -169,7 +179,12 @@ def _endpoint_payload(endpoint: Endpoint, *, full: bool) -> dict[str, Any]:
     lock = EndpointLock.objects.filter(endpoint=endpoint).first()
     case = open_case_id(endpoint.id)
     configuration: dict[str, Any] = (
-        {"runner": endpoint.runner, "submitters": submitters_payload(endpoint)}
+        {
+            "runner": endpoint.runner,
+            "submitters": submitters_payload(endpoint),
+            "notes": endpoint.notes,
+            "change_requires_second_person": requires_second_person(endpoint),
+        }
         if full
         else {"runner": runner_spec.public_view(endpoint.runner)}
     )
@@ -190,6 +205,7 @@ def _endpoint_payload(endpoint: Endpoint, *, full: bool) -> dict[str, Any]:
         },
         "queued": Ticket.objects.filter(endpoint=endpoint, state=TicketState.QUEUED).count(),
         "turn_seq": endpoint.turn_seq,
+        "generation": endpoint.generation,
         "turn_budget_s": endpoint.turn_budget_s,
         "interrupt_grace_s": endpoint.interrupt_grace_s,
         "heartbeat_timeout_s": endpoint.heartbeat_timeout_s,

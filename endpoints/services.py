@@ -1,6 +1,7 @@
 """Endpoint configuration: create and change endpoints (never their state:
 quarantine belongs to the ``endpoints/runtime/`` package and recovery decisions), and
-the append-only EndpointEvent record of every change."""
+the append-only records of every change: EndpointEvent, EndpointGeneration (the
+behaviour-defining fields, versioned) and RouteGeneration (where an alias points)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,24 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from core import outbound
-from core.errors import Invalid, NotFound
+from core import limits, outbound
+from core.errors import Invalid, NotFound, StaleGeneration
 
 from . import runner_spec, runners
-from .models import BusyPolicy, Endpoint, EndpointAlias, EndpointEvent, EndpointLock, RunnerKind
+from .models import (
+    GENERATION_FIELDS,
+    BusyPolicy,
+    Endpoint,
+    EndpointAlias,
+    EndpointEvent,
+    EndpointGeneration,
+    EndpointLock,
+    RouteGeneration,
+    RunnerKind,
+)
 from .selectors import resolve_endpoint, submitters_payload
 
 ADDRESS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
@@ -69,6 +81,14 @@ def _validate_settings(fields: dict[str, Any]) -> None:
         raise Invalid(f"busy_policy must be one of {', '.join(BusyPolicy.values)}")
     if "requires_approval" in fields and not isinstance(fields["requires_approval"], bool):
         raise Invalid("requires_approval must be true or false")
+    if "notes" in fields:
+        notes = fields["notes"]
+        if not isinstance(notes, str) or len(notes) > limits.NOTE_CHARS:
+            raise Invalid(f"notes must be text of at most {limits.NOTE_CHARS} characters")
+    if "change_requires_second_person" in fields and not isinstance(
+        fields["change_requires_second_person"], bool | None
+    ):
+        raise Invalid("change_requires_second_person must be true, false or null")
 
 
 def _owners_group(address: str, usernames: list[str]) -> Group:
@@ -125,19 +145,199 @@ def _record(endpoint: Endpoint, kind: str, actor: str, detail: dict[str, Any]) -
     )
 
 
-def _set_aliases(endpoint: Endpoint, aliases: list[str]) -> None:
+def _set_aliases(endpoint: Endpoint, aliases: list[str], *, actor: str = "") -> None:
     for alias in aliases:
         if not isinstance(alias, str) or not ADDRESS_RE.match(alias):
             raise Invalid(f"alias {alias!r} is not a valid address")
         if alias == endpoint.address or Endpoint.objects.filter(address=alias).exists():
             raise Invalid(f"alias {alias!r} is already an endpoint's address")
-    EndpointAlias.objects.filter(endpoint=endpoint).exclude(alias__in=aliases).delete()
+    removed = list(
+        EndpointAlias.objects.filter(endpoint=endpoint)
+        .exclude(alias__in=aliases)
+        .values_list("alias", flat=True)
+    )
+    EndpointAlias.objects.filter(endpoint=endpoint, alias__in=removed).delete()
+    for alias in removed:
+        _route_generation(alias, None, actor=actor, reason="alias removed")
     for alias in aliases:
         try:
             with transaction.atomic():
-                EndpointAlias.objects.get_or_create(alias=alias, endpoint=endpoint)
+                _, created = EndpointAlias.objects.get_or_create(alias=alias, endpoint=endpoint)
         except IntegrityError:
-            raise Invalid(f"alias {alias!r} already belongs to another endpoint") from None
+            raise Invalid(
+                f"alias {alias!r} already belongs to another endpoint (move it: "
+                "POST /endpoints/{address}/routes)"
+            ) from None
+        if created:
+            _route_generation(alias, endpoint, actor=actor, reason="alias added")
+
+
+def _route_generation(alias: str, endpoint: Endpoint | None, *, actor: str, reason: str) -> int:
+    """Append the alias's next route generation (where it points now). The
+    caller holds the alias row (or has just created or deleted it), so two
+    changes of one route take turns; the unique (alias, number) refuses a
+    number written twice."""
+    last = (
+        RouteGeneration.objects.filter(alias=alias)
+        .order_by("-number")
+        .values_list("number", flat=True)
+    ).first() or 0
+    RouteGeneration.objects.create(
+        alias=alias,
+        number=last + 1,
+        endpoint=endpoint,
+        actor=actor,
+        reason=reason,
+        at=timezone.now(),
+    )
+    return last + 1
+
+
+def move_alias(*, alias: str, to_address: str, reason: str, actor: str = "") -> RouteGeneration:
+    """Point ``alias`` at another endpoint: a new route generation, in one
+    transaction with the alias row locked. Tickets admitted through it
+    before stay and finish where they were admitted; their dedupe keys keep
+    their identity through the alias (claimcheck_admit looks a key up on
+    every endpoint the alias pointed to: docs/design.md, "Routes that
+    move"). The lock on the alias row also waits out every admission that
+    read the old route and has not committed yet (they hold it FOR SHARE)."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise Invalid("a move needs a reason")
+    with transaction.atomic():
+        row = EndpointAlias.objects.select_for_update().filter(alias=alias).first()
+        if row is None:
+            raise NotFound(f"alias {alias!r} not found")
+        target = Endpoint.objects.select_for_update().filter(address=to_address).first()
+        if target is None:
+            raise NotFound(f"endpoint {to_address!r} not found")
+        if target.id == row.endpoint_id:
+            raise Invalid(f"alias {alias!r} already points to {to_address}")
+        source = row.endpoint
+        EndpointAlias.objects.filter(alias=alias, endpoint_id=source.id).update(endpoint=target)
+        number = _route_generation(alias, target, actor=actor, reason=reason)
+        detail = {"alias": alias, "from": source.address, "to": target.address, "route": number}
+        _record(source, "route_moved", actor, {**detail, "reason": reason})
+        _record(target, "route_moved", actor, {**detail, "reason": reason})
+    return RouteGeneration.objects.get(alias=alias, number=number)
+
+
+# --- Generations ------------------------------------------------------------------------------
+
+
+def config_of(endpoint: Endpoint) -> dict[str, Any]:
+    """The behaviour-defining configuration, as a generation records it."""
+    return {name: getattr(endpoint, name) for name in GENERATION_FIELDS}
+
+
+def config_diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """{field: {from, to}} for every field whose value differs."""
+    return {
+        name: {"from": before.get(name), "to": after[name]}
+        for name in GENERATION_FIELDS
+        if name in after and before.get(name) != after[name]
+    }
+
+
+def validate_config_changes(changes: Any) -> dict[str, Any]:
+    """A change of generation fields only, each valid (400 naming it)."""
+    if not isinstance(changes, dict) or not changes:
+        raise Invalid(f"changes must name at least one of {', '.join(GENERATION_FIELDS)}")
+    unknown = set(changes) - set(GENERATION_FIELDS)
+    if unknown:
+        raise Invalid(f"cannot change {', '.join(sorted(unknown))} through a generation")
+    _validate_settings(changes)
+    if "runner" in changes:
+        validate_runner(changes["runner"])
+    return changes
+
+
+def _first_generation(endpoint: Endpoint, actor: str) -> None:
+    EndpointGeneration.objects.create(
+        endpoint=endpoint,
+        number=1,
+        config=config_of(endpoint),
+        changes={},
+        actor=actor,
+        reason="created",
+        at=timezone.now(),
+    )
+
+
+def change_generation(
+    *,
+    endpoint_id: int,
+    changes: dict[str, Any],
+    actor: str,
+    reason: str,
+    expected_generation: int | None = None,
+    proposal_id: Any = None,
+    restores: int | None = None,
+) -> EndpointGeneration | None:
+    """Apply ``changes`` (generation fields, validated) as the endpoint's
+    next generation. The one way these fields change:
+
+    1. Lock the endpoint row. ``expected_generation`` not current: refused
+       with ``stale_generation``, naming the current number and the diff
+       since the expected one; nothing written.
+    2. Nothing differs from the current values: no generation (None).
+    3. One conditional UPDATE (``generation = N``) writes the new values and
+       N+1; then the EndpointGeneration row N+1 (config, diff, who, why) in
+       the same transaction. A turn already started keeps the generation it
+       recorded; the next one starts under N+1.
+    """
+    validate_config_changes(changes)
+    with transaction.atomic():
+        endpoint = Endpoint.objects.select_for_update().get(id=endpoint_id)
+        current = endpoint.generation
+        if expected_generation is not None and expected_generation != current:
+            raise StaleGeneration(
+                f"{endpoint.address} is at generation {current}, not {expected_generation}: "
+                "review the change against the current one",
+                generation=current,
+                since=changes_since(endpoint, expected_generation),
+            )
+        before = config_of(endpoint)
+        diff = config_diff(before, {**before, **changes})
+        if not diff:
+            return None
+        fields = {name: changes[name] for name in diff}
+        now = timezone.now()
+        updated = Endpoint.objects.filter(id=endpoint.id, generation=current).update(
+            generation=F("generation") + 1, updated_at=now, **fields
+        )
+        if updated != 1:  # the row is locked: only a bug reaches this
+            raise StaleGeneration(f"{endpoint.address} moved past generation {current}")
+        generation = EndpointGeneration.objects.create(
+            endpoint=endpoint,
+            number=current + 1,
+            config={**before, **fields},
+            changes=diff,
+            actor=actor,
+            reason=reason,
+            proposal_id=proposal_id,
+            restores=restores,
+            first_seq=endpoint.turn_seq + 1,
+            at=now,
+        )
+        # The endpoint's event timeline shows the change as before: the runner
+        # on its own, the other fields together; the generation has the why.
+        if "runner" in diff:
+            _record(endpoint, "runner_changed", actor, diff["runner"])
+        others = {name: change for name, change in diff.items() if name != "runner"}
+        if others:
+            _record(endpoint, "settings_changed", actor, others)
+    return generation
+
+
+def changes_since(endpoint: Endpoint, number: int) -> dict[str, Any]:
+    """The diff from generation ``number`` to the current one."""
+    then = (
+        EndpointGeneration.objects.filter(endpoint=endpoint, number=number)
+        .values_list("config", flat=True)
+        .first()
+    )
+    return config_diff(then or {}, config_of(endpoint))
 
 
 def create_endpoint(
@@ -172,9 +372,10 @@ def create_endpoint(
         )
         # The lock row exists from the start: turns lock it, never create it.
         EndpointLock.objects.create(endpoint=endpoint)
-        _set_aliases(endpoint, aliases or [])
+        _set_aliases(endpoint, aliases or [], actor=actor)
         if submitter_rows is not None:
             _set_submitters(endpoint, submitter_rows)
+        _first_generation(endpoint, actor)
         _record(
             endpoint,
             "created",
@@ -190,17 +391,25 @@ def create_endpoint(
     return endpoint
 
 
-def update_endpoint(*, address: str, changes: dict[str, Any], actor: str = "") -> Endpoint:
+def update_endpoint(
+    *,
+    address: str,
+    changes: dict[str, Any],
+    actor: str = "",
+    reason: str = "",
+    expected_generation: int | None = None,
+) -> Endpoint:
     """Change an endpoint's configuration in one transaction (the endpoint
-    row locked). A change of runner, owners or who may submit is an
-    EndpointEvent each (``runner_changed``, ``owners_changed``,
-    ``submitters_changed``, with from and to); other changed settings are one
-    ``settings_changed``. A value equal to the current one records nothing."""
+    row locked). The behaviour-defining fields (GENERATION_FIELDS) change
+    through ``change_generation``: one new generation with ``reason``,
+    conditional on ``expected_generation`` when given. A change of owners
+    or who may submit is an EndpointEvent each (``owners_changed``,
+    ``submitters_changed``, with from and to); aliases a
+    ``settings_changed``, and a route generation each. A value equal to the
+    current one records nothing."""
     allowed = {
-        *BUDGET_FIELDS,
-        "busy_policy",
-        "requires_approval",
-        "runner",
+        *GENERATION_FIELDS,
+        "change_requires_second_person",
         "aliases",
         "owners",
         "submitters",
@@ -211,36 +420,44 @@ def update_endpoint(*, address: str, changes: dict[str, Any], actor: str = "") -
     _validate_settings(changes)
     if "runner" in changes:
         validate_runner(changes["runner"])
+    config_changes = {k: v for k, v in changes.items() if k in GENERATION_FIELDS}
     with transaction.atomic():
         endpoint = Endpoint.objects.select_for_update().get(id=resolve_endpoint(address).id)
-        fields = {k: v for k, v in changes.items() if k not in ("aliases", "owners", "submitters")}
-        before = {name: getattr(endpoint, name) for name in fields}
-        for name, value in fields.items():
-            setattr(endpoint, name, value)
-        if fields:
-            endpoint.save(update_fields=[*fields, "updated_at"])
-        if "runner" in fields and before["runner"] != fields["runner"]:
-            _record(
-                endpoint,
-                "runner_changed",
-                actor,
-                {"from": before["runner"], "to": fields["runner"]},
+        if config_changes:
+            change_generation(
+                endpoint_id=endpoint.id,
+                changes=config_changes,
+                actor=actor,
+                reason=reason or "changed by staff (PATCH)",
+                expected_generation=expected_generation,
             )
-        settings_changed = {
-            name: {"from": before[name], "to": value}
-            for name, value in fields.items()
-            if name != "runner" and before[name] != value
-        }
+            endpoint.refresh_from_db()
+        if "change_requires_second_person" in changes:
+            before = endpoint.change_requires_second_person
+            endpoint.change_requires_second_person = changes["change_requires_second_person"]
+            endpoint.save(update_fields=["change_requires_second_person", "updated_at"])
+            if before != endpoint.change_requires_second_person:
+                _record(
+                    endpoint,
+                    "settings_changed",
+                    actor,
+                    {
+                        "change_requires_second_person": {
+                            "from": before,
+                            "to": endpoint.change_requires_second_person,
+                        }
+                    },
+                )
         if "aliases" in changes:
             old_aliases = sorted(endpoint.aliases.values_list("alias", flat=True))
-            _set_aliases(endpoint, changes["aliases"] or [])
+            _set_aliases(endpoint, changes["aliases"] or [], actor=actor)
             if old_aliases != sorted(changes["aliases"] or []):
-                settings_changed["aliases"] = {
-                    "from": old_aliases,
-                    "to": sorted(changes["aliases"] or []),
-                }
-        if settings_changed:
-            _record(endpoint, "settings_changed", actor, settings_changed)
+                _record(
+                    endpoint,
+                    "settings_changed",
+                    actor,
+                    {"aliases": {"from": old_aliases, "to": sorted(changes["aliases"] or [])}},
+                )
         if "owners" in changes:
             old_owners = _owner_names(endpoint)
             endpoint.owners = _owners_group(endpoint.address, changes["owners"] or [])

@@ -23,6 +23,7 @@ optional dependency group ``openai-agents``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 from typing import Any
@@ -39,6 +40,7 @@ from .protocol import (
     ApprovalRequest,
     Delegation,
     ToolHooks,
+    notes_instructions,
 )
 
 # The run context's key under which the resumed run finds its answers.
@@ -125,6 +127,25 @@ def _with_delegate(agent: Agent) -> Agent:
     return agent.clone(tools=[*agent.tools, delegate])
 
 
+def _with_notes(agent: Agent, notes: str) -> Agent:
+    """The agent with the endpoint generation's notes after its own
+    instructions (a callable instructions is left as it is: notes go first)."""
+    extra = notes_instructions(notes)
+    if not extra:
+        return agent
+    own = agent.instructions
+    if callable(own):
+
+        async def combined(ctx, agent_):
+            base = own(ctx, agent_)
+            if inspect.isawaitable(base):
+                base = await base
+            return f"{base}\n\n{extra}" if base else extra
+
+        return agent.clone(instructions=combined)
+    return agent.clone(instructions=f"{own}\n\n{extra}" if own else extra)
+
+
 def _plain(items: list[Any]) -> list[Any]:
     return json.loads(json.dumps(to_jsonable_python(items), default=str))
 
@@ -140,7 +161,7 @@ class OpenAIAgentsAdapter:
             raise TypeError(f"an agents.Agent is needed, not {type(agent).__name__}")
 
     async def run(self, agent: Agent, turn: AgentTurn) -> AgentStep:
-        agent = _with_delegate(agent)
+        agent = _with_notes(_with_delegate(agent), turn.notes)
         history = [m for exchange in turn.history for m in exchange] + (turn.resumed or [])
         session = _History(history)
         receipts = _Receipts(turn.hooks, set(turn.options.get("side_effect_tools") or ()))

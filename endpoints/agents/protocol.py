@@ -96,6 +96,9 @@ class AgentTurn:
     input: dict[str, Any] = field(default_factory=dict)
     # The endpoint's runner settings (e.g. ``side_effect_tools``).
     options: dict[str, Any] = field(default_factory=dict)
+    # The endpoint generation's notes for the next run: an adapter adds them
+    # to the agent's instructions for this run.
+    notes: str = ""
 
 
 @dataclass
@@ -127,6 +130,14 @@ class Adapter(Protocol):
         """Run the agent once: a new exchange from ``turn.prompt``, or the
         resumed one with ``turn.answers``. Must end at its next await when
         cancelled (the runtime cancels the task on an interrupt)."""
+
+
+def notes_instructions(notes: str) -> str | None:
+    """The generation's notes as a block of instructions (None: no notes)."""
+    text = (notes or "").strip()
+    if not text:
+        return None
+    return "Notes for this run from the endpoint's owners (follow them):\n" + text
 
 
 def digest(value: Any) -> str:

@@ -40,6 +40,7 @@ from .protocol import (
     ApprovalRequest,
     Delegation,
     ToolHooks,
+    notes_instructions,
 )
 
 
@@ -177,6 +178,8 @@ class PydanticAIAdapter:
             toolsets=[FunctionToolset([delegate])],
             output_type=_output_types(agent),
             capabilities=[_Receipts(turn.hooks)],
+            # The generation's notes, beside the agent's own instructions.
+            instructions=notes_instructions(turn.notes),
         )
         messages = ModelMessagesTypeAdapter.dump_python(result.new_messages(), mode="json")
         usage = result.usage

@@ -176,6 +176,7 @@ def _run(ctx: TurnContext, adapter: Adapter, agent: Any) -> Outcome:
             hooks=_hooks(ctx),
             input=ctx.input,
             options=ctx.runner,
+            notes=ctx.notes,
         )
         return _run_and_conclude(ctx, adapter, agent, turn, exchange=str(ctx.ticket_id))
     exchange, _ = resume
@@ -212,6 +213,7 @@ def _run(ctx: TurnContext, adapter: Adapter, agent: Any) -> Outcome:
         hooks=_hooks(ctx),
         input=ctx.input,
         options=ctx.runner,
+        notes=ctx.notes,
     )
     return _run_and_conclude(
         ctx, adapter, agent, turn, exchange=exchange, resuming=True, round_=round_

@@ -129,6 +129,8 @@ def _run_one(
             lambda: children_of(endpoint.id, parent), what=f"children for turn {turn.id}"
         ),
         token=started.token,
+        generation=turn.generation,
+        notes=endpoint.notes,
         _record=lambda event: _record_with_retry(turn, event),
         _ticket_state=lambda other: _read_with_retry(
             lambda: ticket_state(endpoint.id, other), what=f"ticket state for turn {turn.id}"

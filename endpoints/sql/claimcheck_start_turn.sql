@@ -32,10 +32,11 @@ tn AS (
     INSERT INTO endpoints_turn AS u (
         id, endpoint_id, ticket_id, seq, state, runner_kind, celery_task_id, worker,
         started_at, heartbeat_at, deadline_at, interrupt_requested_at, interrupt_reason,
-        ended_at, stop_evidence, token_sha256)
+        ended_at, stop_evidence, token_sha256, generation)
     SELECT p_turn, ep.id, tk.id, ep.turn_seq, 'running', COALESCE(ep.runner->>'kind', ''),
         p_task, p_worker, ep.now, ep.now,
-        ep.now + make_interval(secs => LEAST(ep.turn_budget_s, COALESCE(tk.budget_s, ep.turn_budget_s))), NULL, '', NULL, NULL, p_token_sha256
+        ep.now + make_interval(secs => LEAST(ep.turn_budget_s, COALESCE(tk.budget_s, ep.turn_budget_s))), NULL, '', NULL, NULL, p_token_sha256,
+        (ep.row).generation
     FROM ep, tk
     RETURNING u AS row, u.id, u.seq, u.ticket_id, u.endpoint_id, u.started_at
 ),

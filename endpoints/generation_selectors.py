@@ -1,0 +1,199 @@
+"""Reads of governed change: generations with their diffs and outcomes,
+proposals with their status, the review queue. The API and the console
+render these; visibility (owners and staff) is decided by the caller through
+``proposals.governed_endpoint`` / ``visible_proposal`` or here by the user."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from tickets.selectors import iso
+
+from .models import ChangeProposal, ChangeReview, Endpoint, EndpointGeneration
+from .selectors import owned_endpoint_ids, requires_second_person
+
+# Run-time percentiles are taken over at most this many of a generation's
+# newest ended turns: the page's cost stays bounded however long it ran.
+OUTCOME_SAMPLE = 5000
+
+
+def generation_payload(generation: EndpointGeneration) -> dict[str, Any]:
+    return {
+        "number": generation.number,
+        "config": generation.config,
+        "changes": generation.changes,
+        "actor": generation.actor,
+        "reason": generation.reason,
+        "proposal": str(generation.proposal_id) if generation.proposal_id else None,
+        "restores": generation.restores,
+        "first_seq": generation.first_seq,
+        "at": iso(generation.at),
+    }
+
+
+def generations_of(endpoint: Endpoint, *, limit: int = 50) -> list[EndpointGeneration]:
+    """The newest generations first."""
+    return list(EndpointGeneration.objects.filter(endpoint=endpoint).order_by("-number")[:limit])
+
+
+_OUTCOMES_SQL = """
+WITH g AS (
+    SELECT number, first_seq,
+        COALESCE(lead(first_seq) OVER (ORDER BY number) - 1, 9223372036854775807) AS last_seq
+    FROM endpoints_endpointgeneration
+    WHERE endpoint_id = %(endpoint)s AND number = ANY(%(numbers)s)
+       OR endpoint_id = %(endpoint)s AND number - 1 = ANY(%(numbers)s)
+)
+SELECT g.number,
+    count(t.id),
+    count(t.id) FILTER (WHERE t.state = 'completed'),
+    count(t.id) FILTER (WHERE t.state = 'failed'),
+    count(t.id) FILTER (WHERE t.state = 'stopped'),
+    count(t.id) FILTER (WHERE t.state IN ('uncertain', 'unresolved')),
+    count(t.id) FILTER (WHERE t.state IN ('running', 'interrupting')),
+    (SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (
+        ORDER BY extract(epoch FROM r.ended_at - r.started_at))
+     FROM (SELECT u.started_at, u.ended_at FROM endpoints_turn u
+           WHERE u.endpoint_id = %(endpoint)s AND u.seq BETWEEN g.first_seq AND g.last_seq
+             AND u.ended_at IS NOT NULL
+           ORDER BY u.seq DESC LIMIT %(sample)s) r)
+FROM g
+LEFT JOIN endpoints_turn t
+    ON t.endpoint_id = %(endpoint)s AND t.seq BETWEEN g.first_seq AND g.last_seq
+WHERE g.number = ANY(%(numbers)s)
+GROUP BY g.number, g.first_seq, g.last_seq
+"""
+
+
+def outcomes(endpoint: Endpoint, numbers: list[int]) -> dict[int, dict[str, Any]]:
+    """Per generation: its turns, how they ended (succeeded, failed, timed
+    out = interrupted and proven stopped, quarantined = never proven
+    stopped), still running, and p50 / p95 run time of those that ended.
+    A generation's turns are a seq range (EndpointGeneration.first_seq), so
+    this reads the (endpoint, seq) index, never every turn of the endpoint."""
+    if not numbers:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute(
+            _OUTCOMES_SQL,
+            {"endpoint": endpoint.id, "numbers": list(numbers), "sample": OUTCOME_SAMPLE},
+        )
+        rows = cur.fetchall()
+    result = {}
+    for number, turns, ok, failed, timed_out, quarantined, running, pct in rows:
+        p50, p95 = pct if pct else (None, None)
+        result[number] = {
+            "generation": number,
+            "turns": turns,
+            "succeeded": ok,
+            "failed": failed,
+            "timed_out": timed_out,
+            "quarantined": quarantined,
+            "running": running,
+            "p50_s": None if p50 is None else round(p50, 3),
+            "p95_s": None if p95 is None else round(p95, 3),
+        }
+    return result
+
+
+def side_by_side(endpoint: Endpoint, number: int | None = None) -> list[dict[str, Any]]:
+    """Generation ``number`` (default: the current one) and the one before,
+    newest first, with their outcomes."""
+    number = number or endpoint.generation
+    numbers = [n for n in (number, number - 1) if n >= 1]
+    found = outcomes(endpoint, numbers)
+    empty = dict.fromkeys(
+        ("turns", "succeeded", "failed", "timed_out", "quarantined", "running"), 0
+    )
+    return [
+        found.get(n) or {"generation": n, **empty, "p50_s": None, "p95_s": None} for n in numbers
+    ]
+
+
+def proposal_status(proposal: ChangeProposal, review: ChangeReview | None = None) -> str:
+    """approved | rejected | open | stale (open, but the endpoint moved past
+    the generation it was proposed against: approving it is refused)."""
+    review = review if review is not None else _review_of(proposal)
+    if review is not None:
+        return review.verdict
+    if proposal.base_generation != proposal.endpoint.generation:
+        return "stale"
+    return "open"
+
+
+def _review_of(proposal: ChangeProposal) -> ChangeReview | None:
+    try:
+        return proposal.review
+    except ChangeReview.DoesNotExist:
+        return None
+
+
+def proposal_payload(proposal: ChangeProposal, *, user=None) -> dict[str, Any]:
+    from .services import changes_since
+
+    review = _review_of(proposal)
+    status = proposal_status(proposal, review)
+    endpoint = proposal.endpoint
+    return {
+        "id": str(proposal.id),
+        "endpoint": endpoint.address,
+        "base_generation": proposal.base_generation,
+        "current_generation": endpoint.generation,
+        "changes": proposal.changes,
+        "diff": proposal.diff,
+        "reason": proposal.reason,
+        "proposer": proposal.proposer.get_username(),
+        "origin": proposal.origin,
+        "restores": proposal.restores,
+        "created_at": iso(proposal.created_at),
+        "status": status,
+        # What changed since the proposal's generation: what a reviewer of a
+        # stale proposal needs to see.
+        "since": changes_since(endpoint, proposal.base_generation) if status == "stale" else None,
+        "second_person_required": requires_second_person(endpoint),
+        "may_approve": (
+            user is not None
+            and status == "open"
+            and not (proposal.proposer_id == user.pk and requires_second_person(endpoint))
+        ),
+        "review": (
+            {
+                "id": str(review.id),
+                "reviewer": review.reviewer.get_username(),
+                "verdict": review.verdict,
+                "reason": review.reason,
+                "generation": review.generation,
+                "at": iso(review.at),
+            }
+            if review
+            else None
+        ),
+    }
+
+
+def proposals_of(endpoint: Endpoint, *, limit: int = 50) -> list[ChangeProposal]:
+    return list(
+        ChangeProposal.objects.filter(endpoint=endpoint)
+        .select_related("endpoint", "proposer", "review__reviewer")
+        .order_by("-created_at")[:limit]
+    )
+
+
+def review_queue(user, *, limit: int = 50) -> list[ChangeProposal]:
+    """Proposals without a review on the endpoints ``user`` owns (staff:
+    every endpoint), oldest first."""
+    owned = owned_endpoint_ids(user)
+    rows = ChangeProposal.objects.filter(review__isnull=True).select_related("endpoint", "proposer")
+    if owned is not None:
+        rows = rows.filter(endpoint_id__in=owned)
+    return list(rows.order_by("created_at")[:limit])
+
+
+def proposals_from_lesson(lesson_id: Any) -> list[ChangeProposal]:
+    return list(
+        ChangeProposal.objects.filter(origin__lesson=str(lesson_id))
+        .select_related("endpoint", "proposer", "review__reviewer")
+        .order_by("created_at")
+    )
