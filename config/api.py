@@ -100,8 +100,8 @@ _register_transient_handlers()
 
 
 def register_routers() -> None:
+    from endpoints.api import proposals_router, turns_router, workers_router
     from endpoints.api import router as endpoints_router
-    from endpoints.api import turns_router, workers_router
     from recovery.api import router as recovery_router
     from tickets.api import router as tickets_router
 
@@ -110,6 +110,7 @@ def register_routers() -> None:
     api.add_router("/turns", turns_router)
     api.add_router("/recovery", recovery_router)
     api.add_router("/workers", workers_router)
+    api.add_router("/proposals", proposals_router)
 
 
 register_routers()

@@ -115,7 +115,7 @@ def side_by_side(endpoint: Endpoint, number: int | None = None) -> list[dict[str
 def proposal_status(proposal: ChangeProposal, review: ChangeReview | None = None) -> str:
     """approved | rejected | open | stale (open, but the endpoint moved past
     the generation it was proposed against: approving it is refused)."""
-    review = review if review is not None else _review_of(proposal)
+    review = review if review is not None else review_of(proposal)
     if review is not None:
         return review.verdict
     if proposal.base_generation != proposal.endpoint.generation:
@@ -123,7 +123,7 @@ def proposal_status(proposal: ChangeProposal, review: ChangeReview | None = None
     return "open"
 
 
-def _review_of(proposal: ChangeProposal) -> ChangeReview | None:
+def review_of(proposal: ChangeProposal) -> ChangeReview | None:
     try:
         return proposal.review
     except ChangeReview.DoesNotExist:
@@ -133,7 +133,7 @@ def _review_of(proposal: ChangeProposal) -> ChangeReview | None:
 def proposal_payload(proposal: ChangeProposal, *, user=None) -> dict[str, Any]:
     from .services import changes_since
 
-    review = _review_of(proposal)
+    review = review_of(proposal)
     status = proposal_status(proposal, review)
     endpoint = proposal.endpoint
     return {
@@ -171,6 +171,39 @@ def proposal_payload(proposal: ChangeProposal, *, user=None) -> dict[str, Any]:
             else None
         ),
     }
+
+
+def proposal_detail(proposal: ChangeProposal, *, user=None) -> dict[str, Any]:
+    """The proposal, and once approved the outcomes of the generation it
+    made beside the one before: did it help?"""
+    body = proposal_payload(proposal, user=user)
+    review = body["review"]
+    if review and review["generation"]:
+        body["outcomes"] = side_by_side(proposal.endpoint, review["generation"])
+    return body
+
+
+def route_payload(route) -> dict[str, Any]:
+    return {
+        "alias": route.alias,
+        "number": route.number,
+        "endpoint": route.endpoint.address if route.endpoint_id else None,
+        "actor": route.actor,
+        "reason": route.reason,
+        "at": iso(route.at),
+    }
+
+
+def routes_of(endpoint: Endpoint, *, limit: int = 50) -> list:
+    """Route generations of the aliases that point, or pointed, here."""
+    from .models import RouteGeneration
+
+    aliases = RouteGeneration.objects.filter(endpoint=endpoint).values("alias")
+    return list(
+        RouteGeneration.objects.filter(alias__in=aliases)
+        .select_related("endpoint")
+        .order_by("-at", "-number")[:limit]
+    )
 
 
 def proposals_of(endpoint: Endpoint, *, limit: int = 50) -> list[ChangeProposal]:

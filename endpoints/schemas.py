@@ -141,3 +141,83 @@ class ApprovalDecidedOut(Out):
     approved: bool
     approval_ticket: str
     duplicate: bool
+
+
+# --- Governed change (API.md "Generations and proposals") -------------------------------------
+
+
+class OutcomesOut(Out):
+    generation: int
+    turns: int
+    succeeded: int
+    failed: int
+    timed_out: int
+    quarantined: int
+    running: int
+    p50_s: float | None = None
+    p95_s: float | None = None
+
+
+class GenerationOut(Out):
+    number: int
+    config: dict[str, Any]
+    changes: dict[str, Any]
+    actor: str
+    reason: str
+    proposal: str | None = None
+    restores: int | None = None
+    first_seq: int
+    at: str | None = None
+
+
+class GenerationsOut(Out):
+    endpoint: str
+    generation: int
+    generations: list[GenerationOut]
+    # The current generation and the one before, newest first.
+    outcomes: list[OutcomesOut]
+
+
+class GenerationDetailOut(Out):
+    endpoint: str
+    generation: GenerationOut
+    outcomes: list[OutcomesOut]
+
+
+class ReviewOut(Out):
+    id: str
+    reviewer: str
+    verdict: str
+    reason: str
+    generation: int | None = None
+    at: str | None = None
+
+
+class ProposalOut(Out):
+    id: str
+    endpoint: str
+    base_generation: int
+    current_generation: int
+    changes: dict[str, Any]
+    diff: dict[str, Any]
+    reason: str
+    proposer: str
+    origin: dict[str, Any]
+    restores: int | None = None
+    created_at: str | None = None
+    status: str  # open | stale | approved | rejected
+    since: dict[str, Any] | None = None
+    second_person_required: bool
+    may_approve: bool
+    review: ReviewOut | None = None
+    # Approved: the generation it made and the one before, newest first.
+    outcomes: list[OutcomesOut] | None = None
+
+
+class RouteGenerationOut(Out):
+    alias: str
+    number: int
+    endpoint: str | None = None
+    actor: str
+    reason: str
+    at: str | None = None

@@ -208,7 +208,8 @@ def move_alias(*, alias: str, to_address: str, reason: str, actor: str = "") -> 
         row = EndpointAlias.objects.select_for_update().filter(alias=alias).first()
         if row is None:
             raise NotFound(f"alias {alias!r} not found")
-        target = Endpoint.objects.select_for_update().filter(address=to_address).first()
+        # Not locked: admissions to the target take its key-share lock.
+        target = Endpoint.objects.filter(address=to_address).first()
         if target is None:
             raise NotFound(f"endpoint {to_address!r} not found")
         if target.id == row.endpoint_id:

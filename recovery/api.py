@@ -8,6 +8,8 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 
 from core.schemas import Strict
+from endpoints.generation_selectors import proposal_detail
+from endpoints.schemas import ProposalOut
 
 from . import selectors, services
 from .schemas import CaseOut, DecisionOut, InspectionOut, LessonWrittenOut, ProcessStopOut
@@ -36,10 +38,20 @@ class StopProcessIn(Strict):
     rationale: str | None = None
 
 
+class LessonProposalIn(Strict):
+    """A change of the case's endpoint the lesson proposes: a diff against
+    the endpoint's current generation (API.md "Generations and proposals")."""
+
+    generation: int = Field(ge=1)
+    changes: dict[str, Any]
+    reason: str | None = Field(default=None, max_length=2000)
+
+
 class LessonIn(Strict):
     what_failed: str | None = None
     evidence: str | None = None
     prevention: str | None = None
+    proposal: LessonProposalIn | None = None
 
 
 @router.get("/cases", response=list[CaseOut])
@@ -84,8 +96,18 @@ def lesson(request: HttpRequest, case_id: str, payload: LessonIn):
         what_failed=payload.what_failed,
         evidence=payload.evidence,
         prevention=payload.prevention,
+        proposal=payload.proposal.model_dump() if payload.proposal else None,
     )
     return Status(201, {**selectors.lesson_payload(written), "case_state": "closed"})
+
+
+@router.post("/cases/{case_id}/lesson/proposals", response={201: ProposalOut})
+def propose_from_lesson(request: HttpRequest, case_id: str, payload: LessonProposalIn):
+    """A change proposed from a closed case's lesson."""
+    proposal = services.propose_from_lesson(
+        case_id=case_id, user=request.user, proposal=payload.model_dump()
+    )
+    return Status(201, proposal_detail(proposal, user=request.user))
 
 
 @router.post("/cases/{case_id}/stop-process", response={201: ProcessStopOut})

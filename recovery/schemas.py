@@ -29,6 +29,13 @@ class DecisionOut(Out):
     rerun_ticket: str | None = None
 
 
+class LessonProposalOut(Out):
+    id: str
+    endpoint: str
+    status: str
+    generation: int | None = None
+
+
 class LessonOut(Out):
     id: str
     case: str
@@ -37,6 +44,7 @@ class LessonOut(Out):
     evidence: str
     prevention: str
     created_at: str | None = None
+    proposals: list[LessonProposalOut] = []
 
 
 class LessonWrittenOut(LessonOut):

@@ -14,6 +14,7 @@ from django.db.models import QuerySet
 
 from core.canonical import canonical_json
 from core.errors import Invalid, NotFound
+from endpoints.generation_selectors import proposal_status, proposals_from_lesson, review_of
 from endpoints.models import ContextEntry, EndpointLock, Turn
 from endpoints.selectors import owned_endpoint_ids
 from tickets.models import Callback, Ticket, TicketEvent
@@ -142,6 +143,17 @@ def lesson_payload(lesson: Lesson) -> dict[str, Any]:
         "evidence": lesson.evidence,
         "prevention": lesson.prevention,
         "created_at": iso(lesson.created_at),
+        # The changes it proposed, each with its status and, once approved,
+        # the generation that applied it.
+        "proposals": [
+            {
+                "id": str(p.id),
+                "endpoint": p.endpoint.address,
+                "status": proposal_status(p),
+                "generation": review.generation if (review := review_of(p)) else None,
+            }
+            for p in proposals_from_lesson(lesson.id)
+        ],
     }
 
 

@@ -26,7 +26,8 @@ from django.utils import timezone
 
 from core import limits
 from core.errors import DedupeConflict, Invalid, InvalidTransition, NotFound
-from endpoints.models import Turn, TurnState
+from endpoints.models import ChangeProposal, Turn, TurnState
+from endpoints.proposals import propose_change
 from endpoints.runtime import resolve_uncertain_turn
 from endpoints.selectors import is_owner
 from tickets import lifecycle
@@ -374,10 +375,16 @@ def write_lesson(
     what_failed: str | None,
     evidence: str | None,
     prevention: str | None,
+    proposal: dict[str, Any] | None = None,
 ) -> Lesson:
     """What failed, what evidence made the diagnosis possible, what would
     prevent it: the case goes ``decided -> closed``. A case that only has
-    ``keep_quarantined`` decisions is still open and takes no lesson yet."""
+    ``keep_quarantined`` decisions is still open and takes no lesson yet.
+
+    ``proposal`` (``{changes, generation, reason?}``): the lesson also
+    proposes a change of the case's endpoint against that generation, in
+    the same transaction (``propose_from_lesson``): a refused proposal
+    writes no lesson either."""
     case = get_case(case_id)
     _require_owner(user, case, "write the lesson of")
     what_failed = _text(what_failed, "what_failed")
@@ -408,7 +415,41 @@ def write_lesson(
             turn_id=case.turn_id,
             detail={"case": str(case.id), "lesson": str(lesson.id)},
         )
+        if proposal is not None:
+            _propose(case, lesson, user=user, proposal=proposal)
     return lesson
+
+
+def propose_from_lesson(
+    *, case_id: uuid.UUID | str, user: AbstractBaseUser, proposal: dict[str, Any]
+) -> ChangeProposal:
+    """A change of the case's endpoint proposed from its lesson (the case
+    must be closed), linked to the case and the lesson (its ``origin``)."""
+    case = get_case(case_id)
+    _require_owner(user, case, "propose a change from the lesson of")
+    lesson = Lesson.objects.filter(case_id=case.id).first()
+    if lesson is None:
+        raise InvalidTransition(
+            f"case {case.id} has no lesson yet: a proposal follows the lesson",
+            state=case.state,
+        )
+    return _propose(case, lesson, user=user, proposal=proposal)
+
+
+def _propose(
+    case: RecoveryCase, lesson: Lesson, *, user: AbstractBaseUser, proposal: dict[str, Any]
+) -> ChangeProposal:
+    if not isinstance(proposal, dict):
+        raise Invalid("proposal must be {changes, generation, reason}")
+    reason = proposal.get("reason") or f"lesson of case {case.id}: {lesson.prevention}"
+    return propose_change(
+        address=case.endpoint.address,
+        user=user,
+        base_generation=proposal.get("generation"),
+        changes=proposal.get("changes"),
+        reason=reason[: limits.NOTE_CHARS],
+        origin={"lesson": str(lesson.id), "case": str(case.id)},
+    )
 
 
 # --- Records the runtime asks for (endpoints.ports.CaseKeeper) ------------------------------

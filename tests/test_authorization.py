@@ -179,6 +179,39 @@ class World:
         )
         return case
 
+    def proposal(self) -> str:
+        """A change of m.gov proposed by a co-owner (so the owner and staff
+        are second persons)."""
+
+        def make():
+            from endpoints.proposals import propose_change
+
+            coowner = get_user_model().objects.create_user("coowner")
+            self.endpoint("m.gov", owners=("owner", "coowner"))
+            return str(
+                propose_change(
+                    address="m.gov",
+                    user=coowner,
+                    base_generation=1,
+                    changes={"notes": "check the tool first"},
+                    reason="the matrix proposes",
+                ).id
+            )
+
+        return self.once("proposal", make)
+
+    def changed_endpoint(self) -> str:
+        """m.changed at generation 2 (a staff change)."""
+
+        def make():
+            from endpoints.services import update_endpoint
+
+            self.endpoint("m.changed")
+            update_endpoint(address="m.changed", changes={"turn_budget_s": 60}, reason="matrix")
+            return "m.changed"
+
+        return self.once("changed", make)
+
     def agent_approval(self) -> tuple[Ticket, str]:
         """The submitter's ticket on an agent endpoint the owner owns, waiting
         for an owner's approval of one tool call."""
@@ -276,6 +309,11 @@ def _check_lineage(world: World, actor: str, body: Any) -> None:
 def _check_case_list(world: World, actor: str, body: Any) -> None:
     ids = {c["id"] for c in body}
     assert (str(world.case()) in ids) == (actor in ("owner", "staff")), ids
+
+
+def _check_review_queue(world: World, actor: str, body: Any) -> None:
+    ids = {p["id"] for p in body}
+    assert (world.proposal() in ids) == (actor in ("owner", "staff")), ids
 
 
 def _seq(world: World, name: str = "turn") -> int:
@@ -401,6 +439,58 @@ MATRIX: dict[tuple[str, str], Row] = {
         _statuses(stranger=404, submitter=404, owner=409, staff=409),
     ),
     ("GET", "/workers"): Row(lambda w: ("/workers", None), STAFF_ONLY),
+    # Governed change: the endpoint's owners and staff; to anyone else it
+    # does not exist.
+    ("GET", "/endpoints/{address}/generations"): Row(
+        lambda w: (f"/endpoints/{w.endpoint('m.ep')}/generations", None), OWNERS_CASE
+    ),
+    ("GET", "/endpoints/{address}/generations/{number}"): Row(
+        lambda w: (f"/endpoints/{w.endpoint('m.ep')}/generations/1", None), OWNERS_CASE
+    ),
+    ("GET", "/endpoints/{address}/proposals"): Row(
+        lambda w: (f"/endpoints/{w.endpoint('m.ep')}/proposals", None), OWNERS_CASE
+    ),
+    ("POST", "/endpoints/{address}/proposals"): Row(
+        lambda w: (
+            f"/endpoints/{w.endpoint('m.ep')}/proposals",
+            {"generation": 1, "changes": {"turn_budget_s": 30}, "reason": "matrix"},
+        ),
+        OWNERS_CASE_CREATE,
+    ),
+    ("POST", "/endpoints/{address}/rollback"): Row(
+        lambda w: (
+            f"/endpoints/{w.changed_endpoint()}/rollback",
+            {"to_generation": 1, "generation": 2, "reason": "matrix"},
+        ),
+        OWNERS_CASE_CREATE,
+    ),
+    ("GET", "/endpoints/{address}/routes"): Row(
+        lambda w: (f"/endpoints/{w.endpoint('m.ep')}/routes", None), OWNERS_CASE
+    ),
+    ("POST", "/endpoints/{address}/aliases/{alias}/move"): Row(
+        lambda w: (
+            f"/endpoints/{w.endpoint('m.routed', aliases=['m.route'])}/aliases/m.route/move",
+            {"to": w.endpoint("m.ep"), "reason": "matrix"},
+        ),
+        OWNERS_CASE_CREATE,
+    ),
+    ("GET", "/proposals"): Row(
+        lambda w: (f"/proposals?{w.proposal()}", None), _statuses(), check=_check_review_queue
+    ),
+    ("GET", "/proposals/{proposal_id}"): Row(
+        lambda w: (f"/proposals/{w.proposal()}", None), OWNERS_CASE
+    ),
+    ("POST", "/proposals/{proposal_id}/review"): Row(
+        lambda w: (f"/proposals/{w.proposal()}/review", {"approve": True, "reason": "matrix"}),
+        OWNERS_CASE_CREATE,
+    ),
+    ("POST", "/recovery/cases/{case_id}/lesson/proposals"): Row(
+        lambda w: (
+            f"/recovery/cases/{w.lesson()}/lesson/proposals",
+            {"generation": 1, "changes": {"notes": "check first"}},
+        ),
+        OWNERS_CASE_CREATE,
+    ),
     ("POST", "/recovery/cases/{case_id}/lesson"): Row(
         lambda w: (
             f"/recovery/cases/{w.decided_case()}/lesson",

@@ -17,6 +17,39 @@ DECLARE
     v_flagged boolean;
     v_refusal text;
 BEGIN
+    -- 0. A route that moved (docs/design.md, "Routes that move"): a key
+    --    admitted through an alias before it moved is the ticket it named,
+    --    on whichever endpoint the alias pointed to then. FOR SHARE holds
+    --    the alias while this admission commits: a move (an UPDATE of the
+    --    row) waits for it, and an admission after the move reads, in the
+    --    next statement's snapshot, every ticket admitted before it.
+    IF p_dedupe_key IS NOT NULL THEN
+        PERFORM 1 FROM endpoints_endpointalias a
+        JOIN endpoints_endpoint ae ON ae.id = a.endpoint_id
+        WHERE a.alias = p_address AND (p_may_submit_restricted OR NOT ae.submit_restricted)
+        FOR SHARE OF a;
+    END IF;
+    IF p_dedupe_key IS NOT NULL AND FOUND THEN
+        RETURN QUERY SELECT 'existing', t.id, e.id, e.address::text, t.return_to_id,
+            t.trace_id::text, t.depth, false,
+            EXISTS (SELECT 1 FROM auth_user_groups ug
+                    WHERE ug.group_id = e.owners_id AND ug.user_id = p_submitted_by),
+            tu.seq, tu.state::text, rte.address::text, to_jsonb(t)
+        FROM tickets_ticket t
+        JOIN endpoints_endpoint e ON e.id = t.endpoint_id
+        LEFT JOIN endpoints_turn tu ON tu.id = t.turn_id
+        LEFT JOIN endpoints_endpoint rte ON rte.id = t.return_to_id
+        WHERE t.dedupe_key = p_dedupe_key
+          AND EXISTS (SELECT 1 FROM endpoints_routegeneration r
+                      WHERE r.alias = p_address AND r.number > 1)
+          AND t.endpoint_id IN (SELECT r.endpoint_id FROM endpoints_routegeneration r
+                                WHERE r.alias = p_address AND r.endpoint_id IS NOT NULL)
+        ORDER BY t.id LIMIT 1;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+
     -- 1. One statement: every guard of a new ticket, and the writes (the
     --    ticket, its event, its count on the trace, the dispatcher's wake-up
     --    at commit); or, when the key is taken, the ticket holding it, whole,
