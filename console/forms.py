@@ -102,3 +102,101 @@ class LessonForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         max_length=limits.TEXT_CHARS,
     )
+
+
+class LessonProposalMixin(forms.Form):
+    """What a lesson may propose for the endpoint's next generation: a turn
+    budget and notes for the next run (blank: no change proposed)."""
+
+    propose_turn_budget_s = forms.FloatField(
+        label="Propose a turn budget (seconds)",
+        required=False,
+        min_value=0.001,
+        help_text="A change of the endpoint, reviewed by another owner or staff.",
+    )
+    propose_notes = forms.CharField(
+        label="Propose notes for the next run",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        max_length=limits.NOTE_CHARS,
+        help_text="Every later turn's runner is handed them (an agent: in its instructions).",
+    )
+    proposal_generation = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+
+    def proposal(self) -> dict | None:
+        """The proposal the form asks for, or None."""
+        data = self.cleaned_data
+        changes = {}
+        if data.get("propose_turn_budget_s") is not None:
+            changes["turn_budget_s"] = data["propose_turn_budget_s"]
+        if data.get("propose_notes"):
+            changes["notes"] = data["propose_notes"]
+        if not changes:
+            return None
+        return {"generation": data["proposal_generation"], "changes": changes}
+
+
+class LessonWithProposalForm(LessonForm, LessonProposalMixin):
+    def lesson_fields(self) -> dict:
+        return {k: self.cleaned_data[k] for k in ("what_failed", "evidence", "prevention")}
+
+
+BUSY_CHOICES = [("enqueue", "enqueue"), ("reject", "reject")]
+
+
+class ChangeForm(forms.Form):
+    """A proposed change of an endpoint's configuration, prefilled with the
+    current generation's values; only the fields changed are proposed."""
+
+    turn_budget_s = forms.FloatField(label="Turn budget (s)", min_value=0.001)
+    interrupt_grace_s = forms.FloatField(label="Interrupt grace (s)", min_value=0.001)
+    heartbeat_timeout_s = forms.FloatField(label="Heartbeat timeout (s)", min_value=0.001)
+    busy_policy = forms.ChoiceField(choices=BUSY_CHOICES)
+    requires_approval = forms.TypedChoiceField(
+        label="Needs approval",
+        choices=[("no", "no"), ("yes", "yes")],
+        coerce=lambda v: v == "yes",
+    )
+    notes = forms.CharField(
+        label="Notes for the next run",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        max_length=limits.NOTE_CHARS,
+    )
+    reason = forms.CharField(
+        label="Why", widget=forms.Textarea(attrs={"rows": 2}), max_length=limits.NOTE_CHARS
+    )
+    generation = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+
+    FIELDS = (
+        "turn_budget_s",
+        "interrupt_grace_s",
+        "heartbeat_timeout_s",
+        "busy_policy",
+        "requires_approval",
+        "notes",
+    )
+
+    @classmethod
+    def for_endpoint(cls, endpoint, **kwargs):
+        initial = {name: getattr(endpoint, name) for name in cls.FIELDS}
+        initial["requires_approval"] = "yes" if endpoint.requires_approval else "no"
+        initial["generation"] = endpoint.generation
+        return cls(initial=initial, prefix="change", **kwargs)
+
+    def changes(self, endpoint) -> dict:
+        return {
+            name: self.cleaned_data[name]
+            for name in self.FIELDS
+            if self.cleaned_data[name] != getattr(endpoint, name)
+        }
+
+
+class ReviewForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=limits.NOTE_CHARS)
+
+
+class RollbackForm(forms.Form):
+    to_generation = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+    generation = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+    reason = forms.CharField(max_length=limits.NOTE_CHARS)

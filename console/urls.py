@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import live, views, workers
+from . import governance, live, views, workers
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
@@ -23,6 +23,15 @@ urlpatterns = [
         views.agent_approval,
         name="agent_approval",
     ),
+    path("endpoints/<str:address>/propose/", governance.endpoint_propose, name="endpoint_propose"),
+    path(
+        "endpoints/<str:address>/rollback/", governance.endpoint_rollback, name="endpoint_rollback"
+    ),
+    path("proposals/<uuid:proposal_id>/", governance.proposal_detail, name="proposal_detail"),
+    path(
+        "proposals/<uuid:proposal_id>/review/", governance.proposal_review, name="proposal_review"
+    ),
+    path("recovery/<uuid:case_id>/propose/", governance.case_propose, name="case_propose"),
     path("recovery/", views.case_list, name="case_list"),
     path("recovery/<uuid:case_id>/", views.case_detail, name="case_detail"),
     path("recovery/<uuid:case_id>/inspections/", views.case_inspect, name="case_inspect"),

@@ -30,6 +30,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from core.errors import DomainError, Invalid, NotFound
+from endpoints import generation_selectors
 from endpoints.selectors import endpoint_payload, is_owner, resolve_endpoint, sees_configuration
 from health.checks import readiness
 from recovery import selectors as recovery_selectors
@@ -40,7 +41,7 @@ from tickets import selectors as ticket_selectors
 from tickets.models import DeliveryState, ObligationState, TicketState
 
 from . import preferences, selectors
-from .forms import DecisionForm, LessonForm
+from .forms import DecisionForm, LessonProposalMixin, LessonWithProposalForm
 
 TICKETS_PAGE = 50
 CANCELLABLE = {TicketState.QUEUED, TicketState.WAITING, TicketState.RUNNING}
@@ -113,6 +114,10 @@ def dashboard(request):
             "hour": selectors.last_hour(user=request.user, span=request.GET.get("range")),
             "awaiting": awaiting,
             "awaiting_more": awaiting_more,
+            "review_queue": [
+                generation_selectors.proposal_payload(p, user=request.user)
+                for p in generation_selectors.review_queue(request.user, limit=20)
+            ],
             "capacity": selectors.capacity_flags(),
             # Database, broker and sweepers, as /readyz sees them.
             "readiness": readiness(probe_database=False),
@@ -513,30 +518,34 @@ def endpoint_detail(request, address):
     endpoint = selectors.get_endpoint(address)
     if endpoint.address != address:  # an alias: show the canonical page
         return redirect("endpoint_detail", address=endpoint.address)
+    from .governance import governance_context
+
+    context = endpoint_context(request, endpoint)
+    if not (request.htmx and not request.htmx.history_restore_request):
+        context.update(governance_context(request, endpoint))  # not in the live region
+    return page(request, "console/endpoint_detail.html", context, region="live")
+
+
+def endpoint_context(request, endpoint) -> dict:
     live_token = ticket_selectors.ledger_change_token()  # before what it covers
     holder = selectors.lock_holder(endpoint)
     span = selectors.chart_range(request.GET.get("range"))
-    return page(
-        request,
-        "console/endpoint_detail.html",
-        {
-            "section": "endpoints",
-            "endpoint": endpoint,
-            "e": endpoint_payload(endpoint, user=request.user),
-            "sees_configuration": sees_configuration(request.user, endpoint),
-            "can_see_cases": is_owner(request.user, endpoint),
-            "holder": holder,
-            "holder_visible": holder is not None
-            and ticket_selectors.visible_tickets(request.user).filter(id=holder.ticket_id).exists(),
-            "turns": selectors.recent_turns(endpoint, user=request.user),
-            "hour": selectors.endpoint_hour(endpoint, span=span),
-            "throughput": selectors.last_hour(user=request.user, span=span, endpoint=endpoint),
-            "cases": selectors.endpoint_cases(endpoint, user=request.user),
-            "live_token": live_token,
-            **_agent_context(request, endpoint),
-        },
-        region="live",
-    )
+    return {
+        "section": "endpoints",
+        "endpoint": endpoint,
+        "e": endpoint_payload(endpoint, user=request.user),
+        "sees_configuration": sees_configuration(request.user, endpoint),
+        "can_see_cases": is_owner(request.user, endpoint),
+        "holder": holder,
+        "holder_visible": holder is not None
+        and ticket_selectors.visible_tickets(request.user).filter(id=holder.ticket_id).exists(),
+        "turns": selectors.recent_turns(endpoint, user=request.user),
+        "hour": selectors.endpoint_hour(endpoint, span=span),
+        "throughput": selectors.last_hour(user=request.user, span=span, endpoint=endpoint),
+        "cases": selectors.endpoint_cases(endpoint, user=request.user),
+        "live_token": live_token,
+        **_agent_context(request, endpoint),
+    }
 
 
 CONSOLE_CONVERSATION_TURNS = 20
@@ -623,7 +632,7 @@ def _case_context(
     case,
     *,
     decision_form: DecisionForm | None = None,
-    lesson_form: LessonForm | None = None,
+    lesson_form: LessonWithProposalForm | None = None,
     inspect_error: str | None = None,
 ) -> dict:
     can_act = is_owner(request.user, case.endpoint)
@@ -640,6 +649,14 @@ def _case_context(
         .values_list("id", flat=True)
         .first(),
     }
+    lesson = context["d"].lesson
+    if lesson is not None:
+        # The changes the lesson proposed, and once approved their outcomes
+        # beside the generation before: did it help?
+        context["lesson_proposals"] = [
+            generation_selectors.proposal_detail(p, user=request.user)
+            for p in generation_selectors.proposals_from_lesson(lesson.id)
+        ]
     if can_act:  # forms exist only for owners; the POST views check again
         context["decision_form"] = decision_form or DecisionForm(
             inspections=selectors.case_inspections(case.id),
@@ -648,7 +665,13 @@ def _case_context(
             initial={"rerun_input": json.dumps(case.ticket.input, indent=2, sort_keys=True)},
         )
         context["rerun_warning"] = selectors.rerun_warning(case)
-        context["lesson_form"] = lesson_form or LessonForm(prefix="lesson")
+        context["lesson_form"] = lesson_form or LessonWithProposalForm(
+            prefix="lesson", initial={"proposal_generation": case.endpoint.generation}
+        )
+        # After the lesson: a change proposed from it (budget or notes).
+        context["propose_form"] = LessonProposalMixin(
+            prefix="propose", initial={"proposal_generation": case.endpoint.generation}
+        )
         context["inspect_error"] = inspect_error
     return context
 
@@ -736,10 +759,15 @@ def case_decide(request, case_id):
 @require_POST
 def case_lesson(request, case_id):
     case = _case_for_owner(request, case_id)
-    form = LessonForm(request.POST, prefix="lesson")
+    form = LessonWithProposalForm(request.POST, prefix="lesson")
     if form.is_valid():
         try:
-            recovery_services.write_lesson(case_id=case.id, user=request.user, **form.cleaned_data)
+            recovery_services.write_lesson(
+                case_id=case.id,
+                user=request.user,
+                proposal=form.proposal(),
+                **form.lesson_fields(),
+            )
         except DomainError as exc:
             form.add_error(None, exc.detail)
         else:
@@ -755,10 +783,30 @@ def lesson_list(request):
         "console/lesson_list.html",
         {
             "section": "lessons",
-            "lessons": recovery_selectors.list_lessons(user=request.user, limit=selectors.LIST_CAP),
+            "lessons": _with_proposals(
+                recovery_selectors.list_lessons(user=request.user, limit=selectors.LIST_CAP),
+                user=request.user,
+            ),
             "cap": selectors.LIST_CAP,
         },
     )
+
+
+def _with_proposals(lessons: list, *, user) -> list:
+    """Each lesson with the changes it proposed (one query for the page)."""
+    from endpoints.models import ChangeProposal
+
+    by_lesson: dict[str, list] = {}
+    rows = ChangeProposal.objects.filter(
+        origin__lesson__in=[str(lesson.id) for lesson in lessons]
+    ).select_related("endpoint", "proposer", "review__reviewer")
+    for proposal in rows.order_by("created_at"):
+        by_lesson.setdefault(proposal.origin["lesson"], []).append(
+            generation_selectors.proposal_payload(proposal, user=user)
+        )
+    for lesson in lessons:
+        lesson.proposals = by_lesson.get(str(lesson.id), [])
+    return lessons
 
 
 # --- Obligations -------------------------------------------------------------------------------
