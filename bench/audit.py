@@ -48,6 +48,13 @@ SELECT e, 'bench.audit-' || e, '{"kind": "python", "path": "endpoints.demo.echo"
 FROM generate_series(1, %(e)s) AS e;
 SELECT setval(pg_get_serial_sequence('endpoints_endpoint', 'id'), %(e)s);
 INSERT INTO endpoints_endpointlock (endpoint_id) SELECT id FROM endpoints_endpoint;
+INSERT INTO endpoints_endpointgeneration (
+    endpoint_id, number, config, changes, actor, reason, first_seq, at)
+SELECT id, 1, jsonb_build_object('runner', runner, 'turn_budget_s', turn_budget_s,
+    'interrupt_grace_s', interrupt_grace_s, 'heartbeat_timeout_s', heartbeat_timeout_s,
+    'busy_policy', busy_policy, 'requires_approval', requires_approval, 'notes', notes),
+    '{}'::jsonb, 'bench', 'bench', 1, %(base)s
+FROM endpoints_endpoint;
 
 INSERT INTO tickets_ticket (id, endpoint_id, dedupe_key, input_sha256, input, trace_id, depth,
     state, result, error, artifacts, turn_id, requester, callback_state, delivery_state,

@@ -57,6 +57,13 @@ Kinds of violation (each names the ids involved):
 - ``event_state_mismatch``: the last transition event's ``to_state`` is not
   the ticket's state, a ticket has no transition event, or a transition
   event's ``from_state`` is not the previous one's ``to_state``.
+- ``turn_generation``: a turn names a generation its endpoint does not
+  have, or its seq lies outside that generation's range (from its
+  ``first_seq`` to the next generation's): it did not run under it.
+- ``generation_gap``: an endpoint's generation numbers do not run 1..N
+  without a gap, or the endpoint is not at its newest generation N.
+- ``generation_drift``: the endpoint row's behaviour-defining configuration
+  is not its current generation's (changed outside a generation).
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from endpoints.models import ContextEntry, Endpoint, EndpointLock, Turn
+from endpoints.models import ContextEntry, Endpoint, EndpointGeneration, EndpointLock, Turn
 from tickets.models import Callback, Ticket, TicketEvent
 
 from .models import RecoveryCase
@@ -92,6 +99,9 @@ KINDS = (
     "stranded_queued",
     "discarded_result",
     "event_state_mismatch",
+    "turn_generation",
+    "generation_gap",
+    "generation_drift",
 )
 
 
@@ -159,6 +169,7 @@ def _tables() -> dict[str, str]:
         "event": TicketEvent._meta.db_table,
         "callback": Callback._meta.db_table,
         "case": RecoveryCase._meta.db_table,
+        "generation": EndpointGeneration._meta.db_table,
     }
 
 
@@ -487,6 +498,43 @@ CROSS JOIN LATERAL (VALUES
 WHERE v.kind IS NOT NULL
 """
 
+_GENERATIONS = """
+SELECT 'turn_generation',
+    jsonb_build_object('endpoint', e.address, 'turn', tu.id, 'generation', tu.generation),
+    CASE WHEN g.id IS NULL
+         THEN format('turn #%%s names generation %%s, which the endpoint does not have',
+                     tu.seq, tu.generation)
+         ELSE format('turn #%%s is outside generation %%s (its turns are from #%%s%%s)',
+                     tu.seq, tu.generation, g.first_seq,
+                     COALESCE(' to #' || (nx.first_seq - 1), ''))
+    END
+FROM {turn} tu
+JOIN {endpoint} e ON e.id = tu.endpoint_id
+LEFT JOIN {generation} g ON g.endpoint_id = tu.endpoint_id AND g.number = tu.generation
+LEFT JOIN {generation} nx ON nx.endpoint_id = tu.endpoint_id AND nx.number = tu.generation + 1
+WHERE (g.id IS NULL OR tu.seq < g.first_seq OR tu.seq >= nx.first_seq) {scope_tu}
+UNION ALL
+SELECT 'generation_gap', jsonb_build_object('endpoint', e.address, 'generation', e.generation),
+    format('generations %%s: they must run from 1 without a gap, the endpoint at the newest',
+           COALESCE(s.numbers::text, 'none'))
+FROM {endpoint} e
+JOIN LATERAL (
+    SELECT count(*) AS n, min(number) AS low, max(number) AS top,
+        array_agg(number ORDER BY number) AS numbers
+    FROM {generation} g WHERE g.endpoint_id = e.id
+) s ON true
+WHERE s.n = 0 OR s.low <> 1 OR s.top <> s.n OR e.generation <> s.top
+UNION ALL
+SELECT 'generation_drift', jsonb_build_object('endpoint', e.address, 'generation', e.generation),
+    'the endpoint''s configuration is not its current generation''s'
+FROM {endpoint} e
+JOIN {generation} g ON g.endpoint_id = e.id AND g.number = e.generation
+WHERE g.config <> jsonb_build_object(
+    'runner', e.runner, 'turn_budget_s', e.turn_budget_s,
+    'interrupt_grace_s', e.interrupt_grace_s, 'heartbeat_timeout_s', e.heartbeat_timeout_s,
+    'busy_policy', e.busy_policy, 'requires_approval', e.requires_approval, 'notes', e.notes)
+"""
+
 CHECKS: dict[str, str] = {
     "turns": _TURNS,
     "tickets": _TICKETS,
@@ -498,6 +546,7 @@ CHECKS: dict[str, str] = {
     "dispatch": _STRANDED,
     "discarded": _DISCARDED,
     "events": _EVENTS,
+    "generations": _GENERATIONS,
 }
 
 

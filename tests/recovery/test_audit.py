@@ -509,3 +509,54 @@ def test_a_result_discarded_as_timed_out_is_named(make_endpoint):
     status, out = run_audit()
     assert status == 1
     assert names(out, "discarded_result", ticket.id, turn.id), out
+
+
+# --- Generations ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def changed(ledger):
+    """audit.a at generation 2 (a change between its second turn and a third)."""
+    from endpoints.services import update_endpoint
+
+    update_endpoint(address="audit.a", changes={"turn_budget_s": 60}, reason="audit")
+    third = finish(admit("audit.a", 5).id)
+    assert third.generation == 2
+    return {**ledger, "third": third}
+
+
+@pytest.mark.django_db
+def test_turns_under_two_generations_pass(changed):
+    status, out = run_audit()
+    assert status == 0, out
+
+
+@pytest.mark.django_db
+def test_a_turn_outside_its_generation_is_named(changed):
+    third, first = changed["third"], changed["turns"][0]
+    corrupt("UPDATE endpoints_turn SET generation = 1 WHERE id = %s", [third.id])
+    corrupt("UPDATE endpoints_turn SET generation = 9 WHERE id = %s", [first.id])
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "turn_generation", third.id, "outside generation 1"), out
+    assert names(out, "turn_generation", first.id, "does not have"), out
+
+
+@pytest.mark.django_db
+def test_a_gap_in_generation_numbers_is_named(changed):
+    corrupt(
+        "INSERT INTO endpoints_endpointgeneration (endpoint_id, number, config, changes, actor,"
+        " reason, first_seq, at) SELECT id, 4, '{}'::jsonb, '{}'::jsonb, '', '', turn_seq + 1,"
+        " now() FROM endpoints_endpoint WHERE address = 'audit.a'"
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "generation_gap", "audit.a", "{1,2,4}"), out
+
+
+@pytest.mark.django_db
+def test_a_configuration_changed_outside_a_generation_is_named(changed):
+    corrupt("UPDATE endpoints_endpoint SET turn_budget_s = 1 WHERE address = 'audit.b'")
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "generation_drift", "audit.b"), out
