@@ -125,6 +125,8 @@ class FakeModel(Model):
                 for n, p in enumerate(parts)
             ]
             return ModelResponse(output=calls, usage=Usage(requests=1), response_id=None)
+        if verb == "instructions":
+            return _say(f"instructions: {system_instructions}")
         if verb == "send":
             call = _call(0, "send_report", {"to": rest})
             return ModelResponse(output=[call], usage=Usage(requests=1), response_id=None)

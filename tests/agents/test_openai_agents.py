@@ -86,3 +86,15 @@ def test_an_approval_waits_and_resumes(agent_ep, api):
     assert ticket.result.startswith("results: send_report: sent to ops with key cc-")
     started = TicketEvent.objects.get(ticket_id=decided["approval_ticket"], kind="tool_started")
     assert started.detail["idempotency_key"] in ticket.result
+
+
+def test_the_generations_notes_follow_the_agents_own_instructions(agent_ep):
+    from endpoints.services import update_endpoint
+
+    assert ask("instructions").result == "instructions: answer"
+    update_endpoint(
+        address="sdk.agent", changes={"notes": "Check the search tool first."}, reason="lesson"
+    )
+    said = ask("instructions").result
+    assert said.startswith("instructions: answer\n\n")
+    assert said.endswith("Check the search tool first.")

@@ -272,3 +272,18 @@ def test_a_fenced_turns_messages_never_enter_the_conversation(agent_ep):
         source="test",
     )
     assert ask("recall").result == "I remember: "
+
+
+def test_the_generations_notes_reach_the_agents_instructions(make_endpoint):
+    from endpoints.services import update_endpoint
+
+    runner = {"kind": "agent", "framework": "pydantic_ai", "path": "tests.agents.notes_agent.agent"}
+    make_endpoint("notes.agent", runner=runner)
+    first = run(admit_ticket(endpoint="notes.agent", input={"prompt": "go"}).ticket)
+    assert first.result == "You are the notes agent.", first.error
+    update_endpoint(
+        address="notes.agent", changes={"notes": "Check the search tool first."}, reason="lesson"
+    )
+    second = run(admit_ticket(endpoint="notes.agent", input={"prompt": "go"}).ticket)
+    assert second.result.startswith("You are the notes agent.")
+    assert "Check the search tool first." in second.result, second.result
