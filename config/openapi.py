@@ -31,12 +31,23 @@ STATUSES: dict[int, tuple[tuple[str, ...], str]] = {
         "(a NUL, a lone surrogate, a non-finite number) names the place in `field`.",
     ),
     401: (("unauthenticated",), "No valid `Authorization: Bearer <key>`."),
-    403: (("forbidden",), "The caller may see this but not do it (not an owner, not staff)."),
+    403: (
+        ("forbidden", "second_person_required"),
+        "The caller may see this but not do it (not an owner, not staff); "
+        "`second_person_required`: a proposer approving their own endpoint change.",
+    ),
     404: (("not_found",), "Unknown (or not visible) ticket, endpoint, turn or case."),
     409: (
-        ("dedupe_conflict", "stale_turn", "invalid_transition", "endpoint_busy"),
+        (
+            "dedupe_conflict",
+            "stale_turn",
+            "invalid_transition",
+            "endpoint_busy",
+            "stale_generation",
+        ),
         "Conflicts with the current state: `dedupe_conflict` (body has `ticket`), "
-        "`stale_turn`, `invalid_transition` (body has `state`), `endpoint_busy`.",
+        "`stale_turn`, `invalid_transition` (body has `state`), `endpoint_busy`, "
+        "`stale_generation` (body has `generation` and `since`).",
     ),
     413: (
         ("too_large",),

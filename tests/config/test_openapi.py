@@ -26,6 +26,8 @@ DOCUMENTED_CODES = {
     "stale_turn",
     "invalid_transition",
     "endpoint_busy",
+    "stale_generation",
+    "second_person_required",
     "too_large",
     "endpoint_quarantined",
     "circuit_open",
