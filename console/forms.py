@@ -121,7 +121,15 @@ class LessonProposalMixin(forms.Form):
         max_length=limits.NOTE_CHARS,
         help_text="Every later turn's runner is handed them (an agent: in its instructions).",
     )
-    proposal_generation = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
+    # The generation the form was drawn for: a proposal is made against it.
+    proposal_generation = forms.IntegerField(widget=forms.HiddenInput, min_value=1, required=False)
+
+    def clean(self):
+        data = super().clean()
+        wants = data.get("propose_turn_budget_s") is not None or data.get("propose_notes")
+        if wants and not data.get("proposal_generation"):
+            raise forms.ValidationError("the endpoint's generation is missing: reload the page")
+        return data
 
     def proposal(self) -> dict | None:
         """The proposal the form asks for, or None."""

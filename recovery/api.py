@@ -7,6 +7,7 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 
+from core import limits
 from core.schemas import Strict
 from endpoints.generation_selectors import proposal_detail
 from endpoints.schemas import ProposalOut
@@ -44,7 +45,7 @@ class LessonProposalIn(Strict):
 
     generation: int = Field(ge=1)
     changes: dict[str, Any]
-    reason: str | None = Field(default=None, max_length=2000)
+    reason: str | None = Field(default=None, max_length=limits.NOTE_CHARS)
 
 
 class LessonIn(Strict):

@@ -586,7 +586,10 @@ def test_owner_finalizes_and_writes_the_lesson_that_closes_the_case(client, owne
     assert response.status_code == 200
     body = response.content.decode()
     assert "the runner ignored interrupts" in body
-    assert "<form" not in body  # closed: nothing left to do
+    # Closed: no decision or lesson left to write; only a change to propose
+    # from the lesson.
+    assert f'action="{base}/lesson/"' not in body
+    assert [m for m in re.findall(r'<form[^>]*action="([^"]+)"', body)] == [f"{base}/propose/"]
     case.refresh_from_db()
     assert case.state == "closed"
     assert "the runner ignored interrupts" in client.get("/lessons/").content.decode()
