@@ -11,7 +11,7 @@ import threading
 import pytest
 from django.db import connection
 
-from config.errors import DedupeConflict
+from core.errors import DedupeConflict
 from endpoints import services
 from endpoints.models import EndpointAlias, RouteGeneration
 from endpoints.runtime.execute import run_ticket
