@@ -8,7 +8,17 @@ from django.db.models import Q
 
 from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
 
-from .models import ContextEntry, Endpoint, EndpointAlias, EndpointLock, Turn
+from .models import (
+    ChangeProposal,
+    ChangeReview,
+    ContextEntry,
+    Endpoint,
+    EndpointAlias,
+    EndpointGeneration,
+    EndpointLock,
+    RouteGeneration,
+    Turn,
+)
 from .selectors import owned_endpoint_ids, resolve_endpoint
 
 
@@ -119,3 +129,59 @@ class ContextEntryAdmin(ReadOnlyAdmin):
 
     def owner_scope(self, queryset, user):
         return queryset.filter(endpoint_id__in=_owned(user))
+
+
+# --- Governed change: append-only evidence ------------------------------------------------------
+
+
+@admin.register(EndpointGeneration)
+class EndpointGenerationAdmin(ReadOnlyAdmin):
+    list_display = ("endpoint", "number", "actor", "reason", "proposal_id", "restores", "at")
+    list_select_related = ("endpoint",)
+    ordering = ("-id",)
+    search_fields = ("endpoint", "proposal")
+    search_help_text = "An endpoint address (its generations), or a proposal id."
+    raw_id_fields = ("endpoint", "proposal")
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(endpoint_q(term, resolve_endpoint), uuid_q(term, "proposal_id"))
+
+
+@admin.register(ChangeProposal)
+class ChangeProposalAdmin(ReadOnlyAdmin):
+    list_display = ("id", "endpoint", "base_generation", "proposer", "created_at")
+    list_select_related = ("endpoint", "proposer")
+    ordering = ("-created_at",)
+    search_fields = ("id", "endpoint")
+    search_help_text = "A proposal id, or an endpoint address (its proposals)."
+    raw_id_fields = ("endpoint", "proposer")
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(uuid_q(term, "id"), endpoint_q(term, resolve_endpoint))
+
+
+@admin.register(ChangeReview)
+class ChangeReviewAdmin(ReadOnlyAdmin):
+    list_display = ("id", "proposal_id", "verdict", "reviewer", "generation", "at")
+    list_select_related = ("reviewer",)
+    ordering = ("-at",)
+    search_fields = ("id", "proposal")
+    search_help_text = "A review id or a proposal id."
+    raw_id_fields = ("proposal", "reviewer")
+
+    def search_q(self, term: str) -> Q | None:
+        return uuid_q(term, "id", "proposal_id")
+
+
+@admin.register(RouteGeneration)
+class RouteGenerationAdmin(ReadOnlyAdmin):
+    list_display = ("alias", "number", "endpoint", "actor", "reason", "at")
+    list_select_related = ("endpoint",)
+    ordering = ("alias", "number")
+    search_fields = ("alias",)
+    search_help_text = "An alias (its route generations)."
+    raw_id_fields = ("endpoint",)
+
+    def search_q(self, term: str) -> Q | None:
+        # The unique (alias, number) index leads with the alias.
+        return Q(alias=term)

@@ -39,6 +39,10 @@ MODELS = [
     "endpoints.EndpointLock",
     "endpoints.Turn",
     "endpoints.ContextEntry",
+    "endpoints.EndpointGeneration",
+    "endpoints.ChangeProposal",
+    "endpoints.ChangeReview",
+    "endpoints.RouteGeneration",
     "recovery.RecoveryCase",
     "recovery.CaseEvidence",
     "recovery.Inspection",
@@ -102,6 +106,14 @@ def records(make_endpoint, settings, django_user_model):
         what_failed="a stuck runner",
         evidence="no stop receipt",
         prevention="a shorter budget",
+        proposal={"generation": 1, "changes": {"turn_budget_s": 30}},
+    )
+    from endpoints.models import ChangeProposal
+    from endpoints.proposals import review_proposal
+
+    staff = django_user_model.objects.create_user("reviewer", is_staff=True)
+    review_proposal(
+        proposal_id=ChangeProposal.objects.get().id, user=staff, approve=True, reason="ok"
     )
     for label in MODELS:
         assert apps.get_model(label).objects.exists(), label
