@@ -218,7 +218,10 @@ def review_queue(user, *, limit: int = 50) -> list[ChangeProposal]:
     """Proposals without a review on the endpoints ``user`` owns (staff:
     every endpoint), oldest first."""
     owned = owned_endpoint_ids(user)
-    rows = ChangeProposal.objects.filter(review__isnull=True).select_related("endpoint", "proposer")
+    # The (absent) review joined too: the payloads then ask nothing more.
+    rows = ChangeProposal.objects.filter(review__isnull=True).select_related(
+        "endpoint", "proposer", "review"
+    )
     if owned is not None:
         rows = rows.filter(endpoint_id__in=owned)
     return list(rows.order_by("created_at")[:limit])

@@ -150,3 +150,17 @@ def test_a_lesson_proposes_a_change_and_its_page_shows_it(client, case, owner):
     page = client.get(f"/recovery/{case.id}/").content.decode()
     assert f"lesson-proposal-{proposal.id}" in page
     assert str(proposal.id)[-8:] in client.get("/lessons/").content.decode()
+
+
+def test_the_review_queue_costs_the_same_for_many_proposals(
+    client, two_owners, django_assert_max_num_queries
+):
+    olive, oscar = two_owners
+    for n in range(10):
+        proposals.propose_change(
+            address="gov.ep", user=olive, base_generation=1, changes={"notes": f"{n}"}, reason="r"
+        )
+    client.force_login(oscar)
+    with django_assert_max_num_queries(30):
+        body = client.get("/").content.decode()
+    assert body.count("/proposals/") >= 10
