@@ -28,7 +28,7 @@ FROM endpoints_endpointalias a;
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('endpoints', '0002_initial'),
+        ('endpoints', '0004_workerslot_child_pid'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
