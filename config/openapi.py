@@ -43,10 +43,12 @@ STATUSES: dict[int, tuple[tuple[str, ...], str]] = {
             "stale_turn",
             "invalid_transition",
             "endpoint_busy",
+            "endpoint_paused",
             "stale_generation",
         ),
         "Conflicts with the current state: `dedupe_conflict` (body has `ticket`), "
         "`stale_turn`, `invalid_transition` (body has `state`), `endpoint_busy`, "
+        "`endpoint_paused` (a paused `reject` endpoint), "
         "`stale_generation` (body has `generation` and `since`).",
     ),
     413: (
@@ -106,6 +108,9 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "GET /endpoints": set(),
     "GET /endpoints/{address}": set(),
     "PATCH /endpoints/{address}": set(),
+    "POST /endpoints/{address}/pause": set(),
+    "POST /endpoints/{address}/resume": set(),
+    "POST /workers/{name}/consuming": set(),
     "POST /tickets": {404, 409, 423, 429},
     "GET /tickets": {404},  # an unknown endpoint filter
     "GET /tickets/{ticket_id}": set(),

@@ -78,6 +78,13 @@ class EndpointBusy(DomainError):
     status, code = 409, "endpoint_busy"
 
 
+class EndpointPaused(DomainError):
+    """A paused endpoint whose busy policy is ``reject`` takes no new work
+    (an ``enqueue`` one queues it until its owner resumes it)."""
+
+    status, code = 409, "endpoint_paused"
+
+
 class TooLarge(DomainError):
     status, code = 413, "too_large"
 

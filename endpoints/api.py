@@ -22,6 +22,7 @@ from .schemas import (
     ApprovalDecidedOut,
     ConversationOut,
     EndpointOut,
+    EndpointPauseOut,
     GenerationDetailOut,
     GenerationsOut,
     HeartbeatOut,
@@ -29,6 +30,7 @@ from .schemas import (
     ProposalOut,
     RouteGenerationOut,
     TurnOut,
+    WorkerConsumingOut,
     WorkersOut,
 )
 from .selectors import (
@@ -128,6 +130,34 @@ def patch_endpoint(request: HttpRequest, address: str, payload: EndpointPatch):
         expected_generation=expected,
     )
     return endpoint_payload(endpoint, user=request.user)
+
+
+# --- Pause and resume (owners and staff) ----------------------------------------
+
+
+class ReasonIn(Strict):
+    reason: str = Field(min_length=1, max_length=limits.NOTE_CHARS)
+
+
+@router.post("/{address}/pause", response=EndpointPauseOut, exclude_unset=True)
+def pause_endpoint(request: HttpRequest, address: str, payload: ReasonIn):
+    """Pause: new tickets queue (``enqueue``) or are refused with 409
+    ``endpoint_paused`` (``reject``); no turn starts; a running one finishes.
+    Pausing a paused endpoint answers ``changed: false`` and records nothing."""
+    endpoint, changed = services.pause_endpoint(
+        address=address, user=request.user, reason=payload.reason
+    )
+    return {**endpoint_payload(endpoint, user=request.user), "changed": changed}
+
+
+@router.post("/{address}/resume", response=EndpointPauseOut, exclude_unset=True)
+def resume_endpoint(request: HttpRequest, address: str, payload: ReasonIn):
+    """Resume: the queued tickets start again, oldest first. A quarantine
+    stays. Resuming an endpoint that is not paused answers ``changed: false``."""
+    endpoint, changed = services.resume_endpoint(
+        address=address, user=request.user, reason=payload.reason
+    )
+    return {**endpoint_payload(endpoint, user=request.user), "changed": changed}
 
 
 # --- Agents: the conversation and approvals (owners and staff) -----------------
@@ -456,3 +486,31 @@ def list_workers(request: HttpRequest):
     if not request.user.is_staff:
         raise Forbidden("only staff may see the workers")
     return workers_overview()
+
+
+class ConsumingIn(Strict):
+    queue: str = Field(default="turns", min_length=1, max_length=200)
+    consume: bool
+    reason: str = Field(min_length=1, max_length=limits.NOTE_CHARS)
+
+
+@workers_router.post("/{name}/consuming", response=WorkerConsumingOut)
+def set_consuming(request: HttpRequest, name: str, payload: ConsumingIn):
+    """Stop (``consume: false``) or resume a worker's consuming of a queue
+    (Celery's ``cancel_consumer`` / ``add_consumer``): staff only."""
+    if not request.user.is_staff:
+        raise Forbidden("only staff may stop or resume a worker's consuming")
+    worker, answered = services.set_worker_consuming(
+        worker=name,
+        queue=payload.queue,
+        consume=payload.consume,
+        user=request.user,
+        reason=payload.reason,
+    )
+    return {
+        "worker": worker.name,
+        "queue": payload.queue,
+        "consume": payload.consume,
+        "answered": answered,
+        "consuming": worker.consuming,
+    }

@@ -17,6 +17,9 @@ from tickets.ids import new_id
 
 class EndpointState(models.TextChoices):
     # available <-> quarantined; only an owner decision leaves quarantine.
+    # A pause is not a state: it is the owner's flag ``paused_at``, beside the
+    # state, so a pause and a quarantine can hold at once and neither clears
+    # the other (docs/design.md, "Pause").
     AVAILABLE = "available"
     QUARANTINED = "quarantined"
 
@@ -51,6 +54,13 @@ class Endpoint(models.Model):
     )
     # Monotonic counter: each turn takes ++turn_seq as its fencing token.
     turn_seq = models.BigIntegerField(default=0)
+    # Paused by an owner (null: not paused): admission queues or refuses per
+    # busy_policy, and no turn starts (claimcheck_start_turn); the running
+    # turn finishes. Set and cleared only by services.pause_endpoint /
+    # resume_endpoint, each with an EndpointEvent.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    pause_actor = models.CharField(max_length=200, blank=True, default="", db_default="")
+    pause_reason = models.TextField(blank=True, default="", db_default="")
     # Who may submit tickets. Unrestricted (any key) unless this flag is set;
     # then only the listed users, members of the listed groups, the owners and
     # staff. Admission's one-statement fast path reads only the flag, so an
@@ -86,6 +96,12 @@ class Endpoint(models.Model):
                 & Q(interrupt_grace_s__gt=0)
                 & Q(heartbeat_timeout_s__gt=0),
                 name="endpoint_budgets_positive",
+            ),
+            # A pause always says who and why; no reason lingers after it.
+            models.CheckConstraint(
+                condition=(Q(paused_at__isnull=True) & Q(pause_reason="") & Q(pause_actor=""))
+                | (Q(paused_at__isnull=False) & ~Q(pause_reason="")),
+                name="endpoint_pause_explained",
             ),
         ]
 
@@ -405,9 +421,32 @@ class Worker(models.Model):
     pool_size = models.IntegerField(default=0)
     started_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
+    # The task queues its consumer takes messages from now, as the worker's
+    # main process reports them at registration and every heartbeat: staff
+    # stop and resume a queue with Celery's cancel_consumer / add_consumer
+    # (services.set_worker_consuming), and a restart consumes ``queues`` again.
+    consuming = models.JSONField(default=list)
 
     def __str__(self) -> str:
         return self.name
+
+
+class WorkerEvent(models.Model):
+    """Append-only: who asked a worker to stop or resume consuming a queue,
+    why, and what the worker answered (``services.set_worker_consuming``).
+    Keyed by the worker's node name, so the line outlives the registry row."""
+
+    worker = models.CharField(max_length=255, db_index=True)
+    kind = models.CharField(max_length=64)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on {self.worker}"
 
 
 class WorkerSlot(models.Model):

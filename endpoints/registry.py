@@ -29,7 +29,15 @@ def set_node(name: str) -> None:
     _node = name or ""
 
 
-def register_worker(*, name: str, host: str, pid: int, queues: list[str], pool_size: int) -> Worker:
+def register_worker(
+    *,
+    name: str,
+    host: str,
+    pid: int,
+    queues: list[str],
+    pool_size: int,
+    consuming: list[str] | None = None,
+) -> Worker:
     now = timezone.now()
     worker, _ = Worker.objects.update_or_create(
         name=name,
@@ -37,6 +45,8 @@ def register_worker(*, name: str, host: str, pid: int, queues: list[str], pool_s
             "host": host,
             "pid": pid,
             "queues": queues,
+            # A (re)started worker consumes what it was started for.
+            "consuming": sorted(queues if consuming is None else consuming),
             "pool_size": pool_size,
             "started_at": now,
             "last_seen_at": now,
@@ -47,8 +57,13 @@ def register_worker(*, name: str, host: str, pid: int, queues: list[str], pool_s
     return worker
 
 
-def beat_worker(name: str) -> None:
-    Worker.objects.filter(name=name).update(last_seen_at=timezone.now())
+def beat_worker(name: str, consuming: list[str] | None = None) -> None:
+    """The worker is alive; ``consuming``: the queues its consumer takes
+    messages from now (None: unknown, e.g. while it reconnects; left as is)."""
+    fields: dict = {"last_seen_at": timezone.now()}
+    if consuming is not None:
+        fields["consuming"] = sorted(consuming)
+    Worker.objects.filter(name=name).update(**fields)
 
 
 # The slot's row in one statement (PostgreSQL): twice per turn, so not the
@@ -128,3 +143,22 @@ def request_process_stop(worker: str, **arguments) -> None:
 
 def clear_slot(worker: str, pid: int) -> None:
     WorkerSlot.objects.filter(worker__name=worker, pid=pid).delete()
+
+
+def send_consumer_command(worker: str, *, queue: str, consume: bool, timeout: float) -> list:
+    """Celery's ``add_consumer`` / ``cancel_consumer`` for ``queue``, to the
+    worker named ``worker`` only; the replies of its main process (a list of
+    ``{"ok": ...}`` or ``{"error": ...}``), empty when it did not answer
+    within ``timeout`` or the broker is down."""
+    from celery import current_app
+
+    control = current_app.control
+    command = control.add_consumer if consume else control.cancel_consumer
+    try:
+        replies = command(queue, destination=[worker], reply=True, timeout=timeout) or []
+    except Exception:
+        log.exception("%s %s to %s not sent", "add_consumer" if consume else "cancel_consumer",
+                      queue, worker)  # fmt: skip
+        return []
+    # [{node name: {"ok": text}}] -> [{"ok": text}]
+    return [answer for reply in replies for answer in reply.values()]

@@ -19,6 +19,13 @@ class LockOut(Out):
     acquired_at: str | None = None
 
 
+class PauseOut(Out):
+    at: str
+    # Who paused it and why: to its owners and staff only.
+    by: str | None = None
+    reason: str | None = None
+
+
 class EndpointOut(Out):
     address: str
     aliases: list[str]
@@ -38,6 +45,13 @@ class EndpointOut(Out):
     requires_approval: bool
     busy_policy: str
     open_case: str | None = None
+    # Null unless its owners paused it (a flag beside ``state``).
+    paused: PauseOut | None = None
+
+
+class EndpointPauseOut(EndpointOut):
+    # False: it already was paused (or not paused, for a resume); nothing recorded.
+    changed: bool
 
 
 class TurnOut(Out):
@@ -90,8 +104,20 @@ class WorkerOut(Out):
     started_at: str | None = None
     last_seen_at: str | None = None
     status: str  # alive | lost
+    # The queues it takes messages from now (a subset of ``queues`` once staff
+    # stopped its consuming of one).
+    consuming: list[str]
     busy: int
     slots: list[WorkerSlotOut]
+
+
+class WorkerConsumingOut(Out):
+    worker: str
+    queue: str
+    consume: bool
+    # Did the worker's main process answer within 2 s (else: lost or no broker)?
+    answered: bool
+    consuming: list[str]
 
 
 class WorkersOut(Out):

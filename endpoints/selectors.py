@@ -212,6 +212,20 @@ def _endpoint_payload(endpoint: Endpoint, *, full: bool) -> dict[str, Any]:
         "requires_approval": endpoint.requires_approval,
         "busy_policy": endpoint.busy_policy,
         "open_case": str(case) if case else None,
+        "paused": pause_payload(endpoint, full=full),
+    }
+
+
+def pause_payload(endpoint: Endpoint, *, full: bool) -> dict[str, Any] | None:
+    """The owners' pause: when; who and why only to owners and staff."""
+    if endpoint.paused_at is None:
+        return None
+    if not full:
+        return {"at": iso(endpoint.paused_at)}
+    return {
+        "at": iso(endpoint.paused_at),
+        "by": endpoint.pause_actor,
+        "reason": endpoint.pause_reason,
     }
 
 
@@ -257,8 +271,9 @@ def _slot_payload(slot: WorkerSlot, now) -> dict[str, Any]:
 
 def workers_overview() -> dict[str, Any]:
     """Every registered worker and its slots (idle, running, interrupting,
-    held), lost workers, and the endpoints whose queued tickets wait while
-    every slot of the live turns workers is busy."""
+    held), the queues it consumes now, lost workers, and the (unpaused)
+    endpoints whose queued tickets wait while every slot of the live workers
+    consuming turns is busy."""
     from datetime import timedelta
 
     from django.conf import settings
@@ -279,7 +294,9 @@ def workers_overview() -> dict[str, Any]:
         lost = w.last_seen_at < lost_before
         rows = [_slot_payload(s, now) for s in by_worker.get(w.id, [])]
         busy = sum(1 for r in rows if r["status"] != "idle")
-        if not lost and "turns" in w.queues:
+        # A worker whose consuming of turns staff stopped takes none: its
+        # free slots feed nothing.
+        if not lost and "turns" in w.consuming:
             turn_workers += 1
             free += max(0, w.pool_size - busy)
             held += [r["turn"]["id"] for r in rows if r["status"] == "held"]
@@ -293,6 +310,7 @@ def workers_overview() -> dict[str, Any]:
                 "started_at": iso(w.started_at),
                 "last_seen_at": iso(w.last_seen_at),
                 "status": "lost" if lost else "alive",
+                "consuming": w.consuming,
                 "busy": busy,
                 "slots": rows,
             }
@@ -302,7 +320,9 @@ def workers_overview() -> dict[str, Any]:
         starved = sorted(
             set(
                 Ticket.objects.filter(
-                    state=TicketState.QUEUED, endpoint__state=EndpointState.AVAILABLE
+                    state=TicketState.QUEUED,
+                    endpoint__state=EndpointState.AVAILABLE,
+                    endpoint__paused_at__isnull=True,
                 ).values_list("endpoint__address", flat=True)
             )
         )

@@ -127,10 +127,18 @@ def _register(sender=None, **kwargs) -> None:
     finally:
         connection.close()
 
+    def consuming() -> list[str] | None:
+        # What the consumer takes messages from now: staff may have cancelled
+        # a queue (services.set_worker_consuming). None while it reconnects.
+        task_consumer = getattr(sender, "task_consumer", None)
+        if task_consumer is None:
+            return None
+        return [q.name for q in list(task_consumer.queues)]
+
     def beat() -> None:
         while not SHUTDOWN.wait(settings.WORKER_HEARTBEAT_S):
             try:
-                registry.beat_worker(name)
+                registry.beat_worker(name, consuming())
             except Exception:  # a database outage: the next beat retries
                 log.warning("worker heartbeat of %s failed", name, exc_info=True)
                 connection.close()

@@ -39,7 +39,7 @@ Kinds of violation (each names the ids involved):
 - ``duplicate_callback``: more than one callback (row or callback ticket)
   for one source ticket, or a callback row whose ticket reports another
   source.
-- ``stranded_queued``: a queued ticket of an available endpoint whose lock
+- ``stranded_queued``: a queued ticket of an available, unpaused endpoint whose lock
   is free, with no dispatch message owed or in flight. Owed: the ticket is
   marked ``needs_dispatch``. In flight: a message was published within the
   last ``REDISPATCH_AFTER_S``, which the ledger shows as the ticket's
@@ -399,7 +399,7 @@ SELECT 'stranded_queued', jsonb_build_object('ticket', t.id, 'endpoint', e.addre
            'needs_dispatch and nothing published for it in the last %%s s',
            t.created_at, COALESCE(last.ended_at::text, 'never'), %(window)s)
 FROM {ticket} t
-JOIN {endpoint} e ON e.id = t.endpoint_id AND e.state = 'available'
+JOIN {endpoint} e ON e.id = t.endpoint_id AND e.state = 'available' AND e.paused_at IS NULL
 JOIN {lock} l ON l.endpoint_id = t.endpoint_id AND l.holder_id IS NULL
 -- The endpoint's last turn through (endpoint, seq): its end is the last release.
 LEFT JOIN LATERAL (

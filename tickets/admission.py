@@ -29,6 +29,7 @@ from core.errors import (
     CircuitOpen,
     DedupeConflict,
     EndpointBusy,
+    EndpointPaused,
     EndpointQuarantined,
     Forbidden,
     Invalid,
@@ -276,6 +277,10 @@ def _refusal(status: str, row: tuple, *, parent_id: uuid.UUID | None) -> Excepti
         return EndpointQuarantined(
             f"endpoint {address} is quarantined until an owner decides",
             case=str(case) if case else None,
+        )
+    if status == "paused":
+        return EndpointPaused(
+            f"endpoint {address} is paused by its owners and rejects new work until resumed"
         )
     if status == "busy":
         return EndpointBusy(f"endpoint {address} is running a turn and rejects new work")

@@ -36,7 +36,7 @@ def redispatch_if_free(lock: EndpointLock) -> None:
     endpoint's next ticket along with its reply. Publish the oldest queued
     ticket again if the endpoint is free (the caller holds the lock row); a
     duplicate message is a no-op, and the lost-dispatch sweep is the backstop."""
-    if lock.holder_id is not None:
+    if lock.holder_id is not None or lock.endpoint.paused_at is not None:
         return
     oldest = (
         Ticket.objects.filter(endpoint_id=lock.endpoint_id, state=TicketState.QUEUED)
@@ -75,11 +75,13 @@ def publish_next(ticket_id: uuid.UUID) -> None:
 
 
 # dispatch_next in one statement: unmark the oldest marked queued ticket, or
-# (none marked) wake the dispatcher at commit.
+# (none marked, or the endpoint paused: its marks wait for the resume) wake
+# the dispatcher at commit.
 _NEXT_SQL = """
 WITH w AS (
     SELECT t.id FROM tickets_ticket t
     WHERE t.endpoint_id = %(endpoint_id)s AND t.state = 'queued' AND t.needs_dispatch
+      AND (SELECT e.paused_at FROM endpoints_endpoint e WHERE e.id = %(endpoint_id)s) IS NULL
     ORDER BY t.id LIMIT 1
 ),
 u AS (
@@ -112,7 +114,9 @@ def dispatch_next(*, endpoint_id: int) -> None:
 
 
 # What the dispatcher owes, in one statement. An endpoint is owed a message
-# when its lock is free, it is available, and its *oldest* queued ticket is
+# when its lock is free, it is available and not paused (a paused endpoint's
+# marks wait for the resume, whose commit wakes this pass: no pass spins on
+# them), and its *oldest* queued ticket is
 # marked: a start always takes the oldest queued ticket (FIFO), so an oldest
 # ticket without the mark has its message in flight, and that message will
 # start it (publishing another only makes a message that bounces: the race
@@ -141,7 +145,7 @@ free AS (
     SELECT l.endpoint_id FROM endpoints_endpointlock l
     JOIN endpoints_endpoint e ON e.id = l.endpoint_id
     WHERE l.endpoint_id IN (SELECT endpoint_id FROM waiting WHERE endpoint_id IS NOT NULL)
-      AND l.holder_id IS NULL AND e.state = 'available'
+      AND l.holder_id IS NULL AND e.state = 'available' AND e.paused_at IS NULL
       AND (SELECT t.needs_dispatch FROM tickets_ticket t
            WHERE t.endpoint_id = l.endpoint_id AND t.state = 'queued'
            ORDER BY t.endpoint_id, t.id LIMIT 1)
@@ -193,12 +197,13 @@ def mark_again(ids: list[uuid.UUID]) -> None:
 
 
 def sweep_lost_dispatches() -> list[uuid.UUID]:
-    """Re-publish the oldest queued ticket of each free, available endpoint
-    whose message is really gone (the broker lost it, the publish failed
+    """Re-publish the oldest queued ticket of each free, available, unpaused
+    endpoint whose message is really gone (the broker lost it, the publish failed
     after commit, the worker that held it died).
 
     1. Under the sweep's advisory lock, the candidates: each free, available
-       endpoint's oldest queued ticket, unchanged for ``REDISPATCH_AFTER_S``.
+       endpoint's oldest queued ticket, unchanged for ``REDISPATCH_AFTER_S``
+       (a paused endpoint's tickets wait by design, their marks kept).
     2. The evidence, from the broker (outside any transaction): a candidate
        whose message still waits in the queue, or is held reserved by a live
        worker, only waits for a free slot. It is left alone: another message
@@ -213,7 +218,9 @@ def sweep_lost_dispatches() -> list[uuid.UUID]:
         if not mine:
             return []
         free = EndpointLock.objects.filter(
-            holder__isnull=True, endpoint__state=EndpointState.AVAILABLE
+            holder__isnull=True,
+            endpoint__state=EndpointState.AVAILABLE,
+            endpoint__paused_at__isnull=True,
         ).values_list("endpoint_id", flat=True)
         for endpoint_id in free:
             oldest = (

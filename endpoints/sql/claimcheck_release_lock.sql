@@ -2,7 +2,8 @@
 -- endpoint's next ticket: the oldest queued ticket marked needs_dispatch is
 -- unmarked and returned (the caller publishes it after commit); none marked,
 -- the dispatcher is woken at commit (an admission committing now may have
--- been invisible here). The caller holds the lock row.
+-- been invisible here). A paused endpoint's tickets keep their marks: the
+-- dispatcher serves them once a resume commits. The caller holds the lock row.
 CREATE OR REPLACE FUNCTION claimcheck_release_lock(p_endpoint bigint, p_turn uuid)
 RETURNS uuid LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -17,6 +18,7 @@ BEGIN
     WHERE t.id = (
         SELECT w.id FROM tickets_ticket w
         WHERE w.endpoint_id = p_endpoint AND w.state = 'queued' AND w.needs_dispatch
+          AND (SELECT e.paused_at FROM endpoints_endpoint e WHERE e.id = p_endpoint) IS NULL
         ORDER BY w.id LIMIT 1)
     RETURNING t.id INTO v_next;
     IF v_next IS NULL THEN

@@ -24,7 +24,10 @@ tk AS (
 ep AS (
     UPDATE endpoints_endpoint e SET turn_seq = e.turn_seq + 1
     WHERE e.id = (SELECT endpoint_id FROM lk WHERE holder_id IS NULL)
-      AND e.state = 'available' AND EXISTS (SELECT 1 FROM tk)
+      -- Paused: nothing new starts. A pause committed while this statement
+      -- waited for the row is seen here (an UPDATE re-tests its row's latest
+      -- version): the start or the pause, one of them first, never both.
+      AND e.state = 'available' AND e.paused_at IS NULL AND EXISTS (SELECT 1 FROM tk)
     -- The clock is read once the lock row is ours: the turn lies inside its tenure.
     RETURNING e AS row, e.id, e.turn_seq, e.runner, e.turn_budget_s, clock_timestamp() AS now
 ),
@@ -67,7 +70,8 @@ ev AS (
     RETURNING pg_notify('claimcheck_ticket', ticket_id::text)
 ),
 -- The message was used up without starting its ticket: the next release
--- publishes it (lock held, endpoint not available, or an older ticket first).
+-- publishes it (lock held, endpoint not available or paused, or an older
+-- ticket first).
 mk AS (
     UPDATE tickets_ticket t SET needs_dispatch = true
     WHERE t.id = p_ticket AND t.state = 'queued'

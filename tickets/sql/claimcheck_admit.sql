@@ -57,14 +57,16 @@ BEGIN
     --    and decides who may see it). The guards: the endpoint (address or
     --    alias) and the return_to exist and, when restricted, the caller has
     --    asked the directory (``p_may_submit_restricted``); the endpoint is
-    --    available (quarantine fails closed); a busy "reject" endpoint takes
-    --    nothing (a re-run is an owner's decision, not new work); a child's
+    --    available (quarantine fails closed); a busy or paused "reject"
+    --    endpoint takes nothing (a paused "enqueue" one queues it; a re-run
+    --    is an owner's decision, not new work, and queues); a child's
     --    parent exists and is on the trace given; the trace is under its
     --    hard limit, its row locked so admissions to one trace queue here
     --    (a new root trace has no row yet). The ledger is the outbox: the
     --    ticket owes a dispatch (needs_dispatch), no broker round trip here.
     WITH ea AS (
-        SELECT e.id, e.address, e.owners_id, e.state, e.busy_policy, e.submit_restricted
+        SELECT e.id, e.address, e.owners_id, e.state, e.busy_policy, e.submit_restricted,
+            e.paused_at
         FROM endpoints_endpoint e
         WHERE e.id = COALESCE(
             (SELECT id FROM endpoints_endpoint WHERE address = p_address),
@@ -100,7 +102,7 @@ BEGIN
           AND (p_parent IS NULL OR EXISTS (
                 SELECT 1 FROM pa WHERE p_trace IS NULL OR pa.trace_id = p_trace))
           AND (p_rerun_of IS NOT NULL OR ea.busy_policy = 'enqueue' OR (
-                NOT EXISTS (SELECT 1 FROM endpoints_endpointlock l
+                ea.paused_at IS NULL AND NOT EXISTS (SELECT 1 FROM endpoints_endpointlock l
                             WHERE l.endpoint_id = ea.id AND l.holder_id IS NOT NULL)
                 AND NOT EXISTS (SELECT 1 FROM tickets_ticket q
                                 WHERE q.endpoint_id = ea.id AND q.state = 'queued')))
@@ -235,6 +237,10 @@ BEGIN
     END IF;
     IF v_refusal IS NULL AND e.state <> 'available' THEN
         v_refusal := 'quarantined';
+    END IF;
+    IF v_refusal IS NULL AND p_rerun_of IS NULL AND e.busy_policy <> 'enqueue'
+            AND e.paused_at IS NOT NULL THEN
+        v_refusal := 'paused';
     END IF;
     IF v_refusal IS NULL AND p_rerun_of IS NULL AND e.busy_policy <> 'enqueue' AND (
             EXISTS (SELECT 1 FROM endpoints_endpointlock l

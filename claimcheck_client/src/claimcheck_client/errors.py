@@ -86,6 +86,13 @@ class EndpointBusy(ClaimcheckError):
     code = "endpoint_busy"
 
 
+class EndpointPaused(ClaimcheckError):
+    """409: the endpoint's owners paused it and it rejects new work while
+    paused (busy policy ``reject``); retry once it is resumed."""
+
+    code = "endpoint_paused"
+
+
 class TooLarge(ClaimcheckError):
     code = "too_large"
 
@@ -152,6 +159,7 @@ BY_CODE: dict[str, type[ClaimcheckError]] = {
         StaleTurn,
         InvalidTransition,
         EndpointBusy,
+        EndpointPaused,
         TooLarge,
         EndpointQuarantined,
         CircuitOpen,
