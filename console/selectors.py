@@ -90,6 +90,26 @@ def quarantined_endpoints(*, user) -> list[Endpoint]:
     return endpoints
 
 
+def paused_endpoints(*, user) -> list[Endpoint]:
+    """Endpoints their owners paused (everyone sees endpoints; who paused and
+    why only its owners and staff, as ``.sees_why``), each with ``.queued``
+    (the tickets waiting on the resume) and ``.running`` (a turn still
+    draining). Few rows: a pause is an owner's act."""
+    from endpoints.selectors import owned_endpoint_ids
+
+    endpoints = list(
+        Endpoint.objects.filter(paused_at__isnull=False)
+        .select_related("lock")
+        .annotate(queued=Count("tickets", filter=Q(tickets__state=TicketState.QUEUED)))
+        .order_by("paused_at")
+    )
+    owned = owned_endpoint_ids(user)
+    for endpoint in endpoints:
+        endpoint.sees_why = owned is None or endpoint.id in owned
+        endpoint.running = endpoint.lock.holder_id is not None
+    return endpoints
+
+
 def _open_obligations(user):
     # Only tickets that answer to a requester carry an obligation: roots, and
     # re-runs (which have a parent, the ticket they replace, but take over its

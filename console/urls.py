@@ -18,6 +18,7 @@ urlpatterns = [
     path("traces/<path:trace_id>/", views.trace_detail, name="trace_detail"),
     path("endpoints/", views.endpoint_list, name="endpoint_list"),
     path("endpoints/<str:address>/", views.endpoint_detail, name="endpoint_detail"),
+    path("endpoints/<str:address>/pause/", views.endpoint_pause, name="endpoint_pause"),
     path(
         "endpoints/<str:address>/approvals/<uuid:ticket_id>/<str:call_id>/",
         views.agent_approval,
@@ -40,6 +41,7 @@ urlpatterns = [
     path("lessons/", views.lesson_list, name="lesson_list"),
     path("obligations/", views.obligation_list, name="obligation_list"),
     path("workers/", workers.worker_list, name="worker_list"),
+    path("workers/<str:name>/consuming/", workers.worker_consuming, name="worker_consuming"),
     path("live/", live.watch, name="live_watch"),
     path("preferences/theme/", views.theme, name="theme"),
     path(

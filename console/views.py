@@ -31,6 +31,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from core.errors import DomainError, Invalid, NotFound
 from endpoints import generation_selectors
+from endpoints import services as endpoint_services
 from endpoints.selectors import endpoint_payload, is_owner, resolve_endpoint, sees_configuration
 from health.checks import readiness
 from recovery import selectors as recovery_selectors
@@ -109,6 +110,7 @@ def dashboard(request):
             "counts": counts,
             "count_cap": selectors.STATE_COUNT_CAP,
             "quarantined": selectors.quarantined_endpoints(user=request.user),
+            "paused": selectors.paused_endpoints(user=request.user),
             "overdue": selectors.overdue_obligations(user=request.user),
             "recent": selectors.recent_tickets(user=request.user),
             "hour": selectors.last_hour(user=request.user, span=request.GET.get("range")),
@@ -536,6 +538,7 @@ def endpoint_context(request, endpoint) -> dict:
         "e": endpoint_payload(endpoint, user=request.user),
         "sees_configuration": sees_configuration(request.user, endpoint),
         "can_see_cases": is_owner(request.user, endpoint),
+        "can_pause": is_owner(request.user, endpoint),
         "holder": holder,
         "holder_visible": holder is not None
         and ticket_selectors.visible_tickets(request.user).filter(id=holder.ticket_id).exists(),
@@ -546,6 +549,34 @@ def endpoint_context(request, endpoint) -> dict:
         "live_token": live_token,
         **_agent_context(request, endpoint),
     }
+
+
+@login_required
+@require_POST
+def endpoint_pause(request, address):
+    """Pause or resume (``action``) as the API does: the endpoint's owners and
+    staff, with a reason; the service decides and records the event."""
+    endpoint = selectors.get_endpoint(address)
+    if not is_owner(request.user, endpoint):
+        raise PermissionDenied("only the endpoint's owners may pause or resume it")
+    resume = request.POST.get("action") == "resume"
+    act = endpoint_services.resume_endpoint if resume else endpoint_services.pause_endpoint
+    try:
+        _, changed = act(
+            address=endpoint.address, user=request.user, reason=request.POST.get("reason", "")
+        )
+    except DomainError as exc:
+        messages.error(request, exc.detail)
+    else:
+        if not changed:
+            messages.info(request, "It was already " + ("running." if resume else "paused."))
+        elif resume:
+            messages.success(request, "Resumed: its queued tickets start again, oldest first.")
+        else:
+            messages.success(
+                request, "Paused: nothing new starts; a running turn finishes on its own."
+            )
+    return redirect("endpoint_detail", address=endpoint.address)
 
 
 CONSOLE_CONVERSATION_TURNS = 20

@@ -1,6 +1,8 @@
 """The workers page (``/workers``): every registered worker and its slots,
-held slots and starved endpoints flagged. Staff only: it names hosts and
-process ids; anyone else gets 404, as for a page that is not there."""
+held slots and starved endpoints flagged, what each consumes, and staff's
+"stop consuming" / "resume consuming" of the turns queue. Staff only: it
+names hosts and process ids; anyone else gets 404, as for a page that is
+not there."""
 
 from __future__ import annotations
 
@@ -10,10 +12,29 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from core.errors import DomainError
+from endpoints import services as endpoint_services
+from endpoints.models import WorkerEvent
 from endpoints.selectors import workers_overview
 from recovery import services as recovery_services
 
 from .views import _case_for_owner, login_required, page
+
+# The queue staff may stop a worker consuming: turns. The control queue runs
+# the sweeps that keep every budget, so the console offers no switch for it.
+DRAINABLE_QUEUE = "turns"
+
+
+def _with_last_consumer_event(overview: dict) -> dict:
+    """Each worker's newest stop or resume of its consuming (who, why)."""
+    names = [w["name"] for w in overview["workers"]]
+    latest: dict[str, WorkerEvent] = {}
+    for event in WorkerEvent.objects.filter(worker__in=names).order_by("id"):
+        latest[event.worker] = event  # the newest wins
+    for w in overview["workers"]:
+        w["last_consumer_event"] = latest.get(w["name"])
+        w["drainable"] = DRAINABLE_QUEUE in w["queues"]
+        w["consumes_turns"] = DRAINABLE_QUEUE in w["consuming"]
+    return overview
 
 
 @login_required
@@ -23,9 +44,45 @@ def worker_list(request):
     return page(
         request,
         "console/worker_list.html",
-        {"section": "workers", **workers_overview()},
+        {"section": "workers", **_with_last_consumer_event(workers_overview())},
         region="workers",
     )
+
+
+@login_required
+@require_POST
+def worker_consuming(request, name):
+    """Staff's stop or resume of a worker's consuming of the turns queue
+    (endpoints.services.set_worker_consuming: Celery's cancel_consumer /
+    add_consumer to that worker, and a WorkerEvent with who and why)."""
+    if not request.user.is_staff:
+        raise Http404("not found")
+    consume = request.POST.get("action") == "resume"
+    try:
+        _, answered = endpoint_services.set_worker_consuming(
+            worker=name,
+            queue=DRAINABLE_QUEUE,
+            consume=consume,
+            user=request.user,
+            reason=request.POST.get("reason", ""),
+        )
+    except DomainError as exc:
+        messages.error(request, exc.detail)
+    else:
+        if not answered:
+            messages.warning(
+                request,
+                f"{name} did not answer within 2 s (lost, or the broker is away): recorded, "
+                "but nothing changed that the worker confirmed.",
+            )
+        elif consume:
+            messages.success(request, f"{name} consumes {DRAINABLE_QUEUE} again.")
+        else:
+            messages.success(
+                request,
+                f"{name} takes no new {DRAINABLE_QUEUE} message; its running turns finish.",
+            )
+    return redirect("worker_list")
 
 
 @login_required

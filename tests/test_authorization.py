@@ -61,6 +61,18 @@ class World:
             self._endpoints.add(address)
         return address
 
+    def registered_worker(self) -> str:
+        from endpoints import registry
+
+        return self.once(
+            "worker",
+            lambda: (
+                registry.register_worker(
+                    name="turns@matrix", host="matrix", pid=1, queues=["turns"], pool_size=1
+                ).name
+            ),
+        )
+
     def admit(self, address: str, **kw) -> Ticket:
         return admit_ticket(
             endpoint=address, input={"n": len(self._cache)}, submitter=self.users["submitter"], **kw
@@ -490,6 +502,24 @@ MATRIX: dict[tuple[str, str], Row] = {
             {"generation": 1, "changes": {"notes": "check first"}},
         ),
         OWNERS_CASE_CREATE,
+    # Draining a worker: staff only (no worker process answers here: 200
+    # with answered false, after the command's reply timeout).
+    ("POST", "/workers/{name}/consuming"): Row(
+        lambda w: (
+            f"/workers/{w.registered_worker()}/consuming",
+            {"queue": "turns", "consume": False, "reason": "matrix"},
+        ),
+        STAFF_ONLY,
+    ),
+    # Pause and resume: the endpoint's owners and staff. Everyone may read
+    # an endpoint, so a stranger is told no (403), not that it is not there.
+    ("POST", "/endpoints/{address}/pause"): Row(
+        lambda w: (f"/endpoints/{w.endpoint('m.ep')}/pause", {"reason": "matrix"}),
+        _statuses(stranger=403, submitter=403),
+    ),
+    ("POST", "/endpoints/{address}/resume"): Row(
+        lambda w: (f"/endpoints/{w.endpoint('m.ep')}/resume", {"reason": "matrix"}),
+        _statuses(stranger=403, submitter=403),
     ),
     ("POST", "/recovery/cases/{case_id}/lesson"): Row(
         lambda w: (

@@ -20,10 +20,28 @@ NONE = mark_safe('<span class="muted">—</span>')  # noqa: S308 - a constant
 # Every state the console shows, by tone. The badge carries the state's name
 # as text as well as a colour, so it reads without colour too.
 TONES = {
-    "ok": {"succeeded", "completed", "available", "delivered", "recorded", "closed", "stopped"},
+    "ok": {
+        "succeeded",
+        "completed",
+        "available",
+        "delivered",
+        "recorded",
+        "closed",
+        "stopped",
+        "consuming",
+    },
     "active": {"running", "accepted", "attempted", "pending", "interrupting", "waiting"},
     "idle": {"queued", "none", "cancelled", "decided"},
-    "warn": {"awaiting_approval", "open", "recovering", "overdue", "unresolved", "orphaned"},
+    "warn": {
+        "awaiting_approval",
+        "open",
+        "recovering",
+        "overdue",
+        "unresolved",
+        "orphaned",
+        "paused",
+        "not_consuming",
+    },
     "bad": {"failed", "quarantined", "uncertain"},
 }
 _TONE_OF = {state: tone for tone, states in TONES.items() for state in states}

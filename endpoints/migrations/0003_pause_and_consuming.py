@@ -1,10 +1,10 @@
 """An owner's pause of an endpoint (beside its state), the queues a worker
 consumes now, and the append-only record of who stopped or resumed a
-worker's consuming (config/append_only.py)."""
+worker's consuming (core/append_only.py)."""
 
 from django.db import migrations, models
 
-from config.append_only import AppendOnly
+from core.append_only import AppendOnly
 
 
 class Migration(migrations.Migration):

@@ -12,8 +12,8 @@ import time
 import pytest
 from django.db import connection, connections, transaction
 
-from config.errors import EndpointPaused, Forbidden, Invalid
-from console.keys import create_api_key
+from accounts.keys import create_api_key
+from core.errors import EndpointPaused, Forbidden, Invalid
 from endpoints import runtime, services
 from endpoints.models import Endpoint, EndpointEvent, EndpointLock, Turn
 from endpoints.runners import Outcome
@@ -81,9 +81,7 @@ def _someone_waits_on_a_lock() -> bool:
 # --- The race: a pause and a start ------------------------------------------------
 
 
-def test_a_pause_racing_a_start_either_lets_the_turn_run_or_starts_nothing(
-    make_endpoint, owner
-):
+def test_a_pause_racing_a_start_either_lets_the_turn_run_or_starts_nothing(make_endpoint, owner):
     """Twenty rounds of a start and a pause released together. The pause's
     event names the turn it found running: a turn exists exactly when the
     start committed before the pause (then it runs and finishes, and nothing
@@ -302,9 +300,7 @@ def test_the_lost_dispatch_sweep_leaves_a_paused_endpoints_tickets_alone(
 # --- Pause and quarantine, side by side ----------------------------------------------
 
 
-def test_pause_and_quarantine_hold_together_and_neither_clears_the_other(
-    make_endpoint, owner
-):
+def test_pause_and_quarantine_hold_together_and_neither_clears_the_other(make_endpoint, owner):
     make_endpoint(
         "paused-stuck",
         path="endpoints.demo.stuck",
