@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from core.errors import Invalid
-from endpoints.models import Endpoint, EndpointAlias, EndpointState, Turn
+from endpoints.models import Endpoint, EndpointAlias, EndpointEvent, EndpointState, Turn
 from endpoints.selectors import owned_endpoint_ids, workers_overview
 from recovery.models import CaseEvidence, CaseState, Decision, Inspection, Lesson, RecoveryCase
 from recovery.selectors import tool_calls, visible_cases
@@ -108,6 +108,22 @@ def paused_endpoints(*, user) -> list[Endpoint]:
         endpoint.sees_why = owned is None or endpoint.id in owned
         endpoint.running = endpoint.lock.holder_id is not None
     return endpoints
+
+
+PAUSE_EVENTS_SHOWN = 5
+
+
+def pause_events(endpoint: Endpoint, *, user) -> list[EndpointEvent]:
+    """The endpoint's newest pauses and resumes (who, when, why): its owners
+    and staff only, as the reasons are."""
+    owned = owned_endpoint_ids(user)
+    if owned is not None and endpoint.id not in owned:
+        return []
+    return list(
+        EndpointEvent.objects.filter(endpoint=endpoint, kind__in=["paused", "resumed"]).order_by(
+            "-id"
+        )[:PAUSE_EVENTS_SHOWN]
+    )
 
 
 def _open_obligations(user):

@@ -539,6 +539,7 @@ def endpoint_context(request, endpoint) -> dict:
         "sees_configuration": sees_configuration(request.user, endpoint),
         "can_see_cases": is_owner(request.user, endpoint),
         "can_pause": is_owner(request.user, endpoint),
+        "pause_events": selectors.pause_events(endpoint, user=request.user),
         "holder": holder,
         "holder_visible": holder is not None
         and ticket_selectors.visible_tickets(request.user).filter(id=holder.ticket_id).exists(),

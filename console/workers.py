@@ -80,7 +80,7 @@ def worker_consuming(request, name):
         else:
             messages.success(
                 request,
-                f"{name} takes no new {DRAINABLE_QUEUE} message; its running turns finish.",
+                f"{name} takes no new turn; the turns it runs finish.",
             )
     return redirect("worker_list")
 

@@ -32,6 +32,7 @@ class EndpointAdmin(ReadOnlyAdmin):
     list_display = (
         "address",
         "state",
+        "paused_at",
         "owners",
         "busy_policy",
         "requires_approval",

@@ -94,13 +94,15 @@ def start_turn(
     statement and, in autocommit, its own transaction:
 
     1. A ticket no longer ``queued`` means a duplicate message: do nothing.
-    2. Lock the endpoint's lock row. Held, or endpoint quarantined: leave the
-       ticket queued, marked ``needs_dispatch`` (the release publishes it; a
-       quarantined endpoint dispatches nothing).
+    2. Lock the endpoint's lock row. Held, or endpoint quarantined or paused:
+       leave the ticket queued, marked ``needs_dispatch`` (the release
+       publishes it; a quarantined or paused endpoint dispatches nothing
+       until its owner's decision or resume).
     3. Take the endpoint's *oldest* queued ticket (FIFO per endpoint), skipping
        rows another transaction holds (a cancel in flight). If that is not the
        message's ticket, the message's ticket is marked too.
-    4. ``seq = ++turn_seq`` while the endpoint is ``available``; create the
+    4. ``seq = ++turn_seq`` while the endpoint is ``available`` and not
+       paused (the same UPDATE: a pause is ordered before or after it); create the
        Turn with the SHA-256 of a fresh random token (the runner gets the
        token itself); make it the lock holder and the ticket's registered
        turn; ticket ``queued -> running`` with its event; the worker's
