@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
@@ -450,3 +451,37 @@ def test_a_paused_ticket_keeps_no_event_of_its_own_until_it_starts(make_endpoint
     runtime.dispatch_owed()
     kinds = list(TicketEvent.objects.filter(ticket_id=ticket.id).values_list("kind", flat=True))
     assert kinds == ["admitted"]
+
+
+def test_a_worker_event_cannot_be_rewritten_or_deleted(owner_cursor, staff_user, django_user_model):
+    """Who stopped a worker consuming, and why, is append-only: the database
+    refuses UPDATE and DELETE even to the tables' owner."""
+    from endpoints import registry
+    from endpoints.models import WorkerEvent
+
+    registry.register_worker(name="turns@gone", host="gone", pid=1, queues=["turns"], pool_size=1)
+    # No such worker process: recorded, unanswered, and the registry unchanged.
+    row, answered = services.set_worker_consuming(
+        worker="turns@gone", queue="turns", consume=False, user=staff_user, reason="test"
+    )
+    assert not answered and row.consuming == ["turns"]
+    event = WorkerEvent.objects.get(worker="turns@gone")
+    assert event.detail == {"queue": "turns", "reason": "test", "answered": False, "replies": []}
+    for statement in (
+        "UPDATE endpoints_workerevent SET actor = 'someone else' WHERE id = %s",
+        "DELETE FROM endpoints_workerevent WHERE id = %s",
+    ):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+            owner_cursor.execute(statement, [event.id])
+    with pytest.raises(Invalid):
+        services.set_worker_consuming(
+            worker="turns@gone", queue="control", consume=False, user=staff_user, reason="x"
+        )
+    with pytest.raises(Forbidden):
+        services.set_worker_consuming(
+            worker="turns@gone",
+            queue="turns",
+            consume=False,
+            user=django_user_model.objects.create_user("plain"),
+            reason="x",
+        )
