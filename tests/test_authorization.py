@@ -502,6 +502,7 @@ MATRIX: dict[tuple[str, str], Row] = {
             {"generation": 1, "changes": {"notes": "check first"}},
         ),
         OWNERS_CASE_CREATE,
+    ),
     # Draining a worker: staff only (no worker process answers here: 200
     # with answered false, after the command's reply timeout).
     ("POST", "/workers/{name}/consuming"): Row(

@@ -10,7 +10,7 @@ from core.append_only import AppendOnly
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('endpoints', '0002_initial'),
+        ('endpoints', '0005_generations'),
     ]
 
     operations = [
