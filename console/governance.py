@@ -22,6 +22,19 @@ from .forms import ChangeForm, ReviewForm, RollbackForm
 from .views import REFUSED, endpoint_context, login_required, page
 
 
+@login_required
+def endpoint_detail(request, address):
+    """The endpoint page: its live region (``views.endpoint_context``) and,
+    outside it, its governed change (generations, outcomes, proposals)."""
+    endpoint = selectors.get_endpoint(address)
+    if endpoint.address != address:  # an alias: show the canonical page
+        return redirect("endpoint_detail", address=endpoint.address)
+    context = endpoint_context(request, endpoint)
+    if not (request.htmx and not request.htmx.history_restore_request):
+        context.update(governance_context(request, endpoint))  # not in the live region
+    return page(request, "console/endpoint_detail.html", context, region="live")
+
+
 def governance_context(request, endpoint, *, change_form=None, error: str | None = None) -> dict:
     """What the endpoint page shows its owners and staff: the generations
     (newest first, with diffs), the current one's outcomes beside the one

@@ -17,7 +17,7 @@ urlpatterns = [
     # A trace id is any 1 to 64 printable characters, "/" included.
     path("traces/<path:trace_id>/", views.trace_detail, name="trace_detail"),
     path("endpoints/", views.endpoint_list, name="endpoint_list"),
-    path("endpoints/<str:address>/", views.endpoint_detail, name="endpoint_detail"),
+    path("endpoints/<str:address>/", governance.endpoint_detail, name="endpoint_detail"),
     path("endpoints/<str:address>/pause/", views.endpoint_pause, name="endpoint_pause"),
     path(
         "endpoints/<str:address>/approvals/<uuid:ticket_id>/<str:call_id>/",

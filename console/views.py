@@ -515,19 +515,6 @@ def endpoint_list(request):
     )
 
 
-@login_required
-def endpoint_detail(request, address):
-    endpoint = selectors.get_endpoint(address)
-    if endpoint.address != address:  # an alias: show the canonical page
-        return redirect("endpoint_detail", address=endpoint.address)
-    from .governance import governance_context
-
-    context = endpoint_context(request, endpoint)
-    if not (request.htmx and not request.htmx.history_restore_request):
-        context.update(governance_context(request, endpoint))  # not in the live region
-    return page(request, "console/endpoint_detail.html", context, region="live")
-
-
 def endpoint_context(request, endpoint) -> dict:
     live_token = ticket_selectors.ledger_change_token()  # before what it covers
     holder = selectors.lock_holder(endpoint)

@@ -249,50 +249,6 @@ def not_allowed(runner: dict[str, Any]) -> str | None:
     return None
 
 
-def run(ctx: TurnContext) -> Outcome:
-    kind = ctx.runner.get("kind")
-    # A runner stored before its kind's schema (an unknown field, a literal
-    # credential) is not run: fixing it is an owner's change (check_runners
-    # lists them), and running it would send what the schema refuses.
-    invalid = runner_spec.problem(ctx.runner)
-    if invalid:
-        log.warning("turn %s refused: its runner does not fit the schema: %s", ctx.turn_id, invalid)
-        return Outcome.failure({"code": "runner_invalid", "detail": invalid})
-    # Again before every turn: an endpoint configured before the operator
-    # narrowed the allow-list must not keep running what is now refused.
-    refused = not_allowed(ctx.runner)
-    if refused:
-        log.warning("turn %s refused: %s", ctx.turn_id, refused)
-        return Outcome.failure({"code": "runner_not_allowed", "detail": refused})
-    try:
-        if kind == "python" and isolation(ctx.runner) == PROCESS:
-            from .isolation import run_isolated
-
-            outcome = run_isolated(
-                ctx, _run_python, kill_after_s=kill_after_s(ctx.runner, ctx.interrupt_grace_s)
-            )
-        elif kind == "python":
-            outcome = _run_python(ctx)
-        elif kind == "agent":
-            from .agents.runner import preload, run_agent
-            from .isolation import run_isolated
-
-            preload(ctx.runner)
-
-            outcome = run_isolated(
-                ctx, run_agent, kill_after_s=kill_after_s(ctx.runner, ctx.interrupt_grace_s)
-            )
-        elif kind == "command":
-            outcome = _run_command(ctx)
-        elif kind == "http":
-            outcome = _run_http(ctx)
-        else:
-            raise RunnerError(f"unknown runner kind {kind!r}")
-    except RunnerError as exc:
-        outcome = Outcome.failure({"code": "runner_error", "detail": str(exc)})
-    return redact_token(outcome, ctx.token)
-
-
 def _redacted(value: Any, token: str, label: str = "[turn token]") -> Any:
     if isinstance(value, str):
         return value.replace(token, label)

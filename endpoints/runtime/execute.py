@@ -18,7 +18,7 @@ from core.transient import (
 )
 from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
 
-from .. import registry, runners
+from .. import registry, runners, running
 from ..models import (
     ContextEntry,
     Turn,
@@ -149,7 +149,7 @@ def _run_one(
         registry.slot_busy(turn.id)
     idle_recorded = False
     try:
-        outcome = runners.run(ctx)
+        outcome = running.run(ctx)
         # The run time on this process's monotonic clock, from before the
         # start statement: finish_turn places the return on the database's
         # clock with it (a late result that returned before its interrupt
