@@ -26,9 +26,10 @@ from pydantic import ConfigDict, Field
 # input, and 405 is a method the path does not have (not an operation).
 STATUSES: dict[int, tuple[tuple[str, ...], str]] = {
     400: (
-        ("invalid",),
+        ("invalid", "invalid_search"),
         "Malformed body or parameters (`detail` says what); text the ledger cannot store "
-        "(a NUL, a lone surrogate, a non-finite number) names the place in `field`.",
+        "(a NUL, a lone surrogate, a non-finite number) names the place in `field`. "
+        "`invalid_search`: a `search` term that does not parse (`field` is `search`).",
     ),
     401: (("unauthenticated",), "No valid `Authorization: Bearer <key>`."),
     403: (

@@ -29,7 +29,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from core.errors import DomainError, Invalid, NotFound
+from core.errors import DomainError, Invalid, InvalidSearch, NotFound
 from endpoints import generation_selectors
 from endpoints import services as endpoint_services
 from endpoints.selectors import endpoint_payload, is_owner, resolve_endpoint, sees_configuration
@@ -166,7 +166,7 @@ def ticket_list(request):
         filters["q"] = filters["trace_id"]
     cursor = request.GET.get("cursor", "").strip() or None
     live_token = None if cursor else ticket_selectors.ledger_change_token()  # before the rows
-    rows, next_cursor, error = [], None, None
+    rows, next_cursor, error, search_error = [], None, None, False
     try:
         endpoint_id = resolve_endpoint(filters["endpoint"]).id if filters["endpoint"] else None
         rows, next_cursor = ticket_selectors.find_tickets(
@@ -182,12 +182,14 @@ def ticket_list(request):
         )
     except DomainError as exc:
         error = exc.detail
+        search_error = exc.code == InvalidSearch.code
     return page(
         request,
         "console/ticket_list.html",
         {
             "section": "tickets",
             "filters": filters,
+            "search_error": search_error,
             "tickets": rows,
             "cursor": cursor,
             "next_cursor": next_cursor,

@@ -50,6 +50,12 @@ class Invalid(DomainError):
     status, code = 400, "invalid"
 
 
+class InvalidSearch(Invalid):
+    """A search term that does not parse (tickets/search.py)."""
+
+    status, code = 400, "invalid_search"
+
+
 class Unauthenticated(DomainError):
     status, code = 401, "unauthenticated"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -17,6 +17,7 @@ from core.schemas import Strict
 from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
 
 from . import admission, delivery, lifecycle, obligations, retry, selectors, traces, waits
+from . import search as search_terms
 from .models import TERMINAL_STATES, Ticket
 from .ports import endpoint_directory
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
@@ -145,12 +146,28 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
     return answer_admitted(request, admitted, payload.wait_s)
 
 
+def _utc(moment: datetime | None) -> datetime | None:
+    """A time filter without an offset is UTC, never the server's zone."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
 @router.get("", response=TicketPage)
 def list_tickets(
     request: HttpRequest,
     endpoint: str | None = None,
     state: str | None = None,
     trace_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    search: str | None = Query(
+        None,
+        max_length=search_terms.MAX_CHARS,
+        description="Terms inside input and result, all of which must hold: "
+        "`input.<key>[.<key>...]:<value>` or `result.<key>...:<value>`, separated by "
+        "spaces (docs/api.md, Search). 400 `invalid_search` when one does not parse.",
+    ),
     limit: int = Query(50, ge=1, le=selectors.MAX_PAGE),
     cursor: str | None = None,
 ):
@@ -160,6 +177,9 @@ def list_tickets(
         endpoint_id=endpoint_id,
         state=state,
         trace_id=trace_id,
+        since=_utc(since),
+        until=_utc(until),
+        search_text=search,
         limit=limit,
         cursor=cursor,
     )

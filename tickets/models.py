@@ -8,6 +8,7 @@ field.
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -278,6 +279,19 @@ class Ticket(models.Model):
                 fields=["id"],
                 name="ticket_callback_pending_idx",
                 condition=Q(callback_state="pending"),
+            ),
+            # Search inside input and result (tickets.search): ``column @>
+            # document``. jsonb_path_ops holds one hash per path to a value,
+            # not every key and value apart: smaller, and it serves exactly
+            # containment. A queued or failed ticket has no result: no entry.
+            GinIndex(
+                fields=["input"], opclasses=["jsonb_path_ops"], name="ticket_input_search_idx"
+            ),
+            GinIndex(
+                fields=["result"],
+                opclasses=["jsonb_path_ops"],
+                name="ticket_result_search_idx",
+                condition=Q(result__isnull=False),
             ),
             # The rarely-set references: only the tickets that have one.
             *[

@@ -10,6 +10,7 @@ from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from core.errors import Invalid, NotFound
 
+from . import search
 from .models import CallbackState, DeliveryState, Ticket, TicketEvent, TicketState
 from .ports import endpoint_directory
 
@@ -161,9 +162,19 @@ def decode_cursor(cursor: str) -> uuid.UUID:
         raise Invalid("cursor is not one this API returned") from None
 
 
-def _listed(user, *, endpoint_id: int | None, state: str | None, limit: int) -> QuerySet[Ticket]:
+def _listed(
+    user,
+    *,
+    endpoint_id: int | None,
+    state: str | None,
+    limit: int,
+    since=None,
+    until=None,
+    terms: list[search.Term] | None = None,
+) -> QuerySet[Ticket]:
     """What the API's list and the console's search share: the page size
-    checked, the tickets ``user`` may see, by endpoint and state."""
+    checked, the tickets ``user`` may see, by endpoint, state, time (an id
+    range: ids are UUIDv7) and search terms inside input and result."""
 
     if not 1 <= limit <= MAX_PAGE:
         raise Invalid(f"limit must be between 1 and {MAX_PAGE}")
@@ -174,6 +185,12 @@ def _listed(user, *, endpoint_id: int | None, state: str | None, limit: int) -> 
         if state not in TicketState.values:
             raise Invalid(f"state must be one of {', '.join(TicketState.values)}")
         qs = qs.filter(state=state)
+    if since is not None:
+        qs = qs.filter(id__gte=_uuid7_floor(since))
+    if until is not None:
+        qs = qs.filter(id__lt=_uuid7_floor(until))
+    if terms:
+        qs = qs.filter(search.matching(terms))
     return qs
 
 
@@ -183,12 +200,25 @@ def list_tickets(
     endpoint_id: int | None = None,
     state: str | None = None,
     trace_id: str | None = None,
+    since=None,
+    until=None,
+    search_text: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
 ) -> tuple[list[Ticket], str | None]:
     """The tickets ``user`` may see, newest first, keyset-paginated on the
-    time-ordered id (no OFFSET, no COUNT)."""
-    qs = _listed(user, endpoint_id=endpoint_id, state=state, limit=limit)
+    time-ordered id (no OFFSET, no COUNT). ``search_text`` is terms only
+    (tickets.search): 400 ``invalid_search`` for anything else."""
+    terms = search.parse_terms(search_text) if search_text else None
+    qs = _listed(
+        user,
+        endpoint_id=endpoint_id,
+        state=state,
+        limit=limit,
+        since=since,
+        until=until,
+        terms=terms,
+    )
     if trace_id:
         qs = qs.filter(trace_id=trace_id)
     if cursor:
@@ -249,8 +279,9 @@ _HEX = frozenset("0123456789abcdef")
 
 def _uuid7_floor(moment) -> uuid.UUID:
     """The smallest UUIDv7 of ``moment``'s millisecond: ids are time-ordered
-    (``tickets.ids.new_id``), so a time range is an id range on the primary key."""
-    return uuid.UUID(int=int(moment.timestamp() * 1000) << 80)
+    (``tickets.ids.new_id``), so a time range is an id range on the primary key.
+    A moment before 1970 is the smallest id (a UUIDv7 holds no earlier one)."""
+    return uuid.UUID(int=max(0, int(moment.timestamp() * 1000)) << 80)
 
 
 def id_fragment(text: str) -> str | None:
@@ -281,19 +312,25 @@ def find_tickets(
     query (the primary key, the id-tail index, ``(endpoint, dedupe_key)``,
     ``(trace_id, id)``), each cut at ``limit + 1``, merged newest first: no
     OR across indexes for the planner to turn into a scan, no COUNT.
-    ``since``/``until`` (aware datetimes) are an id range: ids are UUIDv7."""
-    base = _listed(user, endpoint_id=endpoint_id, state=state, limit=limit)
+    ``since``/``until`` (aware datetimes) are an id range: ids are UUIDv7.
+    Search terms in ``q`` (``input.customer:42``, tickets.search) narrow
+    every one of those ways, and alone list what they match."""
+    terms, q = search.split_query(q)
+    base = _listed(
+        user,
+        endpoint_id=endpoint_id,
+        state=state,
+        limit=limit,
+        since=since,
+        until=until,
+        terms=terms,
+    )
     if delivery_state:
         if delivery_state not in DeliveryState.values:
             raise Invalid(f"delivery must be one of {', '.join(DeliveryState.values)}")
         base = base.filter(delivery_state=delivery_state)
-    if since is not None:
-        base = base.filter(id__gte=_uuid7_floor(since))
-    if until is not None:
-        base = base.filter(id__lt=_uuid7_floor(until))
     if cursor:
         base = base.filter(id__lt=decode_cursor(cursor))
-    q = q.strip()
     if not q:
         branches = [base]
     else:

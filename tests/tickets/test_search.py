@@ -1,0 +1,363 @@
+"""Search inside a ticket's input and result (tickets/search.py): the terms'
+syntax, what they match on real PostgreSQL, who may find what, the API's
+``search`` parameter and its 400 ``invalid_search``, the console's box, and
+the GIN indexes the queries read."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from config.errors import InvalidSearch
+from console.keys import create_api_key
+from endpoints import runtime
+from tickets import search, selectors
+from tickets.admission import admit_ticket
+from tickets.models import Ticket
+
+# --- Syntax ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "column", "document"),
+    [
+        ("input.customer:42", "input", {"customer": 42}),
+        ("input.customer:acme", "input", {"customer": "acme"}),
+        ('input.customer:"42"', "input", {"customer": "42"}),
+        ("input.zip:02134", "input", {"zip": "02134"}),  # not a JSON number: text
+        ("input.n:-1.5e3", "input", {"n": -1500.0}),
+        ("result.ok:true", "result", {"ok": True}),
+        ("result.error:null", "result", {"error": None}),
+        ("result.a.b.c:false", "result", {"a": {"b": {"c": False}}}),
+        ('input.name:"two words: \\"quoted\\""', "input", {"name": 'two words: "quoted"'}),
+        ('input."a.b"."c:d".e:1', "input", {"a.b": {"c:d": {"e": 1}}}),
+        ("input.url:https://x.example/a:b", "input", {"url": "https://x.example/a:b"}),
+        ('input.empty:""', "input", {"empty": ""}),
+        ("input.é:ü", "input", {"é": "ü"}),
+    ],
+)
+def test_a_term_is_a_containment_document(text, column, document):
+    (term,) = search.parse_terms(text)
+    assert term.column == column
+    assert json.loads(term.document()) == document
+
+
+def test_a_number_keeps_its_digits():
+    """Compared as typed, not through a float (jsonb compares numerics exactly)."""
+    (term,) = search.parse_terms("input.amount:12345678901234567890.123456789")
+    assert term.document() == '{"amount":12345678901234567890.123456789}'
+
+
+def test_terms_are_separated_by_spaces_outside_quotes():
+    terms = search.parse_terms('  input.a:1   result.b:"x y"\tinput.c.d:z ')
+    assert [str(t) for t in terms] == ["input.a:1", 'result.b:"x y"', 'input.c.d:"z"']
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("input", "not a term"),
+        ("customer:42", "not a term"),
+        ("input:42", "name a key"),
+        ("input.", "name a key"),
+        ("result.:1", "a key is empty"),
+        ("input.a..b:1", "a key is empty"),
+        ("input.customer", "no ':'"),
+        ("input.customer:", "no value"),
+        ('input.a:"unterminated', "not a JSON string"),
+        ('input."a:1', "not a JSON string"),
+        ('input."a"b:1', "followed by '.' or ':'"),
+        ('input.a"b":1', "quote a whole key"),
+        ('input.a:"x"y', "text after the quoted value"),
+        ('input.a:x"y"', "quote a whole value"),
+        ("input.a:[1,2]", "one number, string"),
+        ("input.a:{}", "one number, string"),
+        ("input.n:1e999", "out of range"),
+        ('input.a:"\\u0000"', "NUL"),
+        ('input.a:"\\ud800"', "surrogate"),
+        ('input."\\u0000":1', "NUL"),
+        ("input." + ".".join("k" * 17) + ":1", "at most 16 keys"),
+        (" ".join(["input.a:1"] * 9), "at most 8 terms"),
+        ("input.a:" + "x" * 2000, "at most 2000 characters"),
+    ],
+)
+def test_bad_syntax_is_invalid_search(text, says):
+    with pytest.raises(InvalidSearch) as raised:
+        search.parse_terms(text)
+    assert raised.value.code == "invalid_search" and raised.value.status == 400
+    assert raised.value.extra == {"field": "search"}
+    assert says in raised.value.detail, raised.value.detail
+
+
+def test_the_console_box_keeps_what_is_not_a_term():
+    assert search.split_query("input.a:1 invoice-42") == (
+        search.parse_terms("input.a:1"),
+        "invoice-42",
+    )
+    assert search.split_query("  key with  spaces ") == ([], "key with  spaces")
+    with pytest.raises(InvalidSearch):
+        search.split_query("invoice-42 input.a:")
+
+
+# Keys and strings PostgreSQL can store (no NUL, no lone surrogate).
+_text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
+_scalar = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _text
+)
+
+
+def _written(key: str) -> str:
+    bare = key and not any(c in key for c in '.:"') and not any(c.isspace() for c in key)
+    return key if bare else json.dumps(key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    column=st.sampled_from(search.COLUMNS),
+    path=st.lists(_text, min_size=1, max_size=4),
+    value=_scalar,
+)
+def test_any_path_and_scalar_round_trip(column, path, value):
+    """Write a term for any path and scalar (keys quoted when they must be,
+    strings always quoted), parse it: its document holds that value there."""
+    text = f"{column}.{'.'.join(_written(k) for k in path)}:{json.dumps(value)}"
+    (term,) = search.parse_terms(text)
+    expected = value
+    for key in reversed(path):
+        expected = {key: expected}
+    assert (term.column, term.path) == (column, tuple(path))
+    assert json.loads(term.document()) == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=60) | st.builds(lambda s: "input." + s, st.text(max_size=40)))
+def test_any_text_parses_or_is_invalid_search(text):
+    try:
+        terms = search.parse_terms(text)
+    except InvalidSearch:
+        return
+    for term in terms:
+        json.loads(term.document())  # always a JSON document
+
+
+# --- Matches on PostgreSQL -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def finished(make_endpoint, django_user_model):
+    """Tickets run through the real turn (demo.echo: ``{"echo": input}``)."""
+    owner = django_user_model.objects.create_user("olive")
+    endpoint = make_endpoint("s.echo", owners=["olive"])
+    submitter = django_user_model.objects.create_user("sam")
+
+    def run(input: dict, **kw) -> Ticket:
+        ticket = admit_ticket(endpoint=endpoint.address, input=input, submitter=submitter, **kw)
+        runtime.run_ticket(ticket_id=ticket.ticket.id)
+        return Ticket.objects.get(id=ticket.ticket.id)
+
+    run.owner, run.submitter, run.endpoint = owner, submitter, endpoint
+    return run
+
+
+def found(user, text: str, **filters) -> list:
+    rows, _ = selectors.list_tickets(user=user, search_text=text, **filters)
+    return [t.id for t in rows]
+
+
+@pytest.mark.django_db
+def test_terms_match_input_and_result_by_value_and_type(finished):
+    a = finished({"customer": 42, "tier": "gold", "flags": {"vip": True}, "note": "two words"})
+    b = finished({"customer": "42", "tier": "gold", "flags": {"vip": False}, "n": 1.0})
+    c = finished({"customer": 7, "nested": {"customer": 42}})
+    assert a.state == "succeeded" and a.result == {"echo": a.input}
+    user = finished.owner
+    assert found(user, "input.customer:42") == [a.id]
+    assert found(user, 'input.customer:"42"') == [b.id]
+    assert found(user, "input.tier:gold") == [b.id, a.id]
+    assert found(user, "input.tier:gold input.flags.vip:true") == [a.id]
+    assert found(user, "input.flags.vip:false") == [b.id]
+    assert found(user, 'input.note:"two words"') == [a.id]
+    assert found(user, "input.n:1") == [b.id]  # 1 and 1.0 are one number
+    assert found(user, "input.nested.customer:42") == [c.id]
+    assert found(user, "result.echo.customer:42") == [a.id]
+    assert found(user, "result.echo.customer:7 input.customer:7") == [c.id]
+    assert found(user, "result.customer:42") == []  # the path is exact
+    assert found(user, "input.tier:GOLD") == []
+    assert found(user, "input.missing:null") == []
+
+
+@pytest.mark.django_db
+def test_a_path_does_not_reach_into_arrays(finished):
+    finished({"tags": ["urgent", "billing"], "items": [{"sku": 5}]})
+    assert found(finished.owner, "input.tags:urgent") == []
+    assert found(finished.owner, "input.items.sku:5") == []
+
+
+@pytest.mark.django_db
+def test_terms_combine_with_endpoint_state_time_and_cursor(finished, make_endpoint):
+    first = finished({"customer": 42})
+    second = finished({"customer": 42})
+    other = make_endpoint("s.other", owners=["olive"])
+    queued = admit_ticket(
+        endpoint=other.address, input={"customer": 42}, submitter=finished.submitter
+    ).ticket
+    user = finished.owner
+    assert found(user, "input.customer:42") == [queued.id, second.id, first.id]
+    assert found(user, "input.customer:42", endpoint_id=other.id) == [queued.id]
+    assert found(user, "input.customer:42", state="succeeded") == [second.id, first.id]
+    # A queued ticket has no result: it never matches a result term.
+    assert found(user, "result.echo.customer:42") == [second.id, first.id]
+    later = timezone.now() + timedelta(minutes=1)
+    assert found(user, "input.customer:42", since=later) == []
+    assert found(user, "input.customer:42", until=later) == [queued.id, second.id, first.id]
+    page, cursor = selectors.list_tickets(user=user, search_text="input.customer:42", limit=2)
+    assert [t.id for t in page] == [queued.id, second.id] and cursor
+    rest, end = selectors.list_tickets(
+        user=user, search_text="input.customer:42", limit=2, cursor=cursor
+    )
+    assert [t.id for t in rest] == [first.id] and end is None
+
+
+@pytest.mark.django_db
+def test_only_visible_tickets_match(finished, django_user_model, make_endpoint):
+    mine = finished({"customer": 42})
+    stranger = django_user_model.objects.create_user("stranger")
+    make_endpoint("s.strangers", owners=["stranger"])
+    theirs = admit_ticket(endpoint="s.strangers", input={"customer": 42}, submitter=stranger)
+    assert found(stranger, "input.customer:42") == [theirs.ticket.id]
+    assert found(finished.owner, "input.customer:42") == [mine.id]
+    assert found(finished.submitter, "input.customer:42") == [mine.id]
+    staff = django_user_model.objects.create_user("root", is_staff=True)
+    assert found(staff, "input.customer:42") == [theirs.ticket.id, mine.id]
+
+
+# --- The API ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_api_list_searches_for_its_caller(finished, api, django_user_model):
+    mine = finished({"customer": 42, "name": "a b"})
+    finished({"customer": 43})
+    key = api.as_key(create_api_key(username="olive")[1])
+    body = key.get("/tickets", search="input.customer:42").json()
+    assert [t["id"] for t in body["items"]] == [str(mine.id)]
+    body = key.get("/tickets", search='result.echo.name:"a b"', state="succeeded").json()
+    assert [t["id"] for t in body["items"]] == [str(mine.id)]
+    later = (timezone.now() + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    assert key.get("/tickets", search="input.customer:42", since=later).json()["items"] == []
+    assert len(key.get("/tickets", search="input.customer:42", until=later).json()["items"]) == 1
+    django_user_model.objects.create_user("nobody")
+    nobody = api.as_key(create_api_key(username="nobody")[1])
+    assert nobody.get("/tickets", search="input.customer:42").json()["items"] == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "text", ["customer:42", "input.customer", "input.a:[1]", 'input.a:"x', "input.n:1e999"]
+)
+def test_bad_search_is_400_invalid_search(api, text):
+    resp = api.get("/tickets", search=text)
+    assert resp.status_code == 400, resp.content
+    body = resp.json()
+    assert body["error"] == "invalid_search" and body["field"] == "search"
+    assert "input.<key>:<value>" in body["detail"]
+
+
+@pytest.mark.django_db
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=st.text(max_size=40).map(lambda s: "input." + s))
+def test_no_search_text_is_a_500(api, text):
+    resp = api.get("/tickets", search=text)
+    assert resp.status_code in (200, 400), (text, resp.status_code, resp.content[:200])
+    if resp.status_code == 400:
+        assert resp.json()["error"] in ("invalid_search", "invalid")
+
+
+# --- The console --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_console_box_takes_terms_beside_a_dedupe_key(finished, client):
+    keyed = finished({"customer": 42}, dedupe_key="invoice-1")
+    plain = finished({"customer": 42})
+    other = finished({"customer": 7}, dedupe_key="invoice-2")
+    client.force_login(finished.owner)
+
+    def listed(q):
+        body = client.get("/tickets/", {"q": q}).content.decode()
+        return {t.id for t in (keyed, plain, other) if f'title="{t.id}"' in body}
+
+    assert listed("input.customer:42") == {keyed.id, plain.id}
+    assert listed("input.customer:42 invoice-1") == {keyed.id}
+    assert listed("input.customer:42 invoice-2") == set()
+    assert listed("result.echo.customer:7") == {other.id}
+
+
+@pytest.mark.django_db
+def test_the_console_shows_a_bad_term_as_a_form_error(finished, client):
+    finished({"customer": 42})
+    client.force_login(finished.owner)
+    resp = client.get("/tickets/", {"q": "input.customer"})
+    body = resp.content.decode()
+    assert resp.status_code == 400
+    assert "no &#x27;:&#x27; and value after the key" in body and 'role="alert"' in body
+    assert 'aria-invalid="true"' in body
+    ok = client.get("/tickets/", {"q": "input.customer:42"}).content.decode()
+    assert 'aria-invalid="true"' not in ok
+
+
+@pytest.mark.django_db
+def test_a_stranger_finds_nothing_in_the_console(finished, client, django_user_model):
+    mine = finished({"customer": 42})
+    client.force_login(django_user_model.objects.create_user("stranger"))
+    body = client.get("/tickets/", {"q": "input.customer:42"}).content.decode()
+    assert f'title="{mine.id}"' not in body and "No tickets match." in body
+
+
+# --- The indexes ----------------------------------------------------------------------------------
+
+
+def _plan(queryset) -> str:
+    sql, params = queryset.query.sql_with_params()
+    with transaction.atomic(), connection.cursor() as cur:
+        # A test table is small enough to scan; forbid it (and walking the
+        # primary key) to see which index the planner can use for this query.
+        cur.execute("SET LOCAL enable_seqscan = off")
+        cur.execute("SET LOCAL enable_indexscan = off")  # nor the primary key's order
+        cur.execute(f"EXPLAIN {sql}", params)
+        return "\n".join(row[0] for row in cur.fetchall())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("text", "index"),
+    [
+        ("input.customer:42", "ticket_input_search_idx"),
+        ("result.echo.customer:42", "ticket_result_search_idx"),
+    ],
+)
+def test_a_term_reads_its_gin_index(finished, django_user_model, text, index):
+    """The query the list runs (visibility, order, limit) can read the
+    index: were the containment and the index to drift apart (another
+    operator, another operator class, the partial index's predicate not
+    implied), every search would read the whole ledger."""
+    finished({"customer": 42})
+    staff = django_user_model.objects.create_user("root", is_staff=True)
+    qs = selectors._listed(
+        staff, endpoint_id=None, state=None, limit=50, terms=search.parse_terms(text)
+    ).order_by("-id")[:51]
+    plan = _plan(qs)
+    assert index in plan, plan
+    assert "@>" in plan, plan

@@ -1,0 +1,217 @@
+"""Search inside a ticket's input and result by key and value.
+
+A term is ``input.<path>:<value>`` or ``result.<path>:<value>``; several
+terms (separated by spaces) must all hold. The path is dotted keys into the
+JSON objects (a key with a dot, a colon, a space or a quote is written as a
+JSON string: ``input."a.b":1``). The value is compared as one JSON scalar:
+a JSON number (``42``, ``-1.5``, ``1e3``), ``true``, ``false`` or ``null``,
+a quoted JSON string (``"42"``, ``"two words"``), else the bare text as a
+string (``input.customer:acme``).
+
+A term is the containment ``input @> '{"customer": 42}'``, which the GIN
+``jsonb_path_ops`` indexes ``ticket_input_search_idx`` and
+``ticket_result_search_idx`` serve. Containment walks objects only: a path
+does not reach into an array's elements, and a value matches the value at
+its path exactly (``42`` matches ``42`` and ``42.0``, not ``"42"``).
+Only what the ticket row holds is searched: a result stored as an artifact
+is found by what the row keeps of it, not by the artifact's content.
+
+The API's ``GET /tickets?search=`` takes terms only; the console's search
+box takes terms beside the id, dedupe key or trace it already finds
+(``split_query``). Bad syntax is 400 ``invalid_search``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from django.db.models import JSONField, Q, Value
+from django.db.models.functions import Cast
+
+from config.errors import InvalidSearch
+from config.inputs import text_problem
+
+COLUMNS = ("input", "result")
+MAX_TERMS = 8
+MAX_DEPTH = 16
+MAX_CHARS = 2000
+
+# A JSON number exactly: "007", "+5", "1." and ".5" are text.
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_LITERALS = {"true": True, "false": False, "null": None}
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class Term:
+    column: str  # "input" or "result"
+    path: tuple[str, ...]
+    # The value as JSON text: a number keeps the digits as typed, so a
+    # long decimal is compared exactly, not through a float.
+    value: str
+
+    def document(self) -> str:
+        """The containment document: ``{"a": {"b": <value>}}`` for ``a.b``."""
+        text = self.value
+        for key in reversed(self.path):
+            text = "{" + json.dumps(key, ensure_ascii=False) + ":" + text + "}"
+        return text
+
+    def q(self) -> Q:
+        return Q(**{f"{self.column}__contains": Cast(Value(self.document()), JSONField())})
+
+    def __str__(self) -> str:
+        keys = ".".join(k if _bare_key(k) else json.dumps(k, ensure_ascii=False) for k in self.path)
+        return f"{self.column}.{keys}:{self.value}"
+
+
+def _bare_key(key: str) -> bool:
+    return bool(key) and not any(c in key for c in '.:"') and not any(c.isspace() for c in key)
+
+
+def _fail(token: str, why: str) -> InvalidSearch:
+    shown = token if len(token) <= 80 else token[:77] + "..."
+    return InvalidSearch(
+        f"search term {shown!r}: {why} (a term is input.<key>:<value> or result.<key>:<value>)",
+        field="search",
+    )
+
+
+def is_term(token: str) -> bool:
+    """Whether a token is meant as a term: it starts with ``input`` or
+    ``result`` and a dot or colon (a bad one is an error, not a dedupe key)."""
+    return token.startswith(("input.", "input:", "result.", "result:"))
+
+
+def tokens(text: str) -> list[str]:
+    """``text`` split at whitespace outside double quotes (a backslash
+    escapes the next character inside them). An unterminated quote runs to
+    the end: the term's parser says so."""
+    out: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    for char in text:
+        if quoted:
+            current.append(char)
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char.isspace():
+            if current:
+                out.append("".join(current))
+                current = []
+        else:
+            current.append(char)
+            quoted = char == '"'
+    if current:
+        out.append("".join(current))
+    return out
+
+
+def _quoted(token: str, pos: int, what: str) -> tuple[str, int]:
+    try:
+        value, end = _DECODER.raw_decode(token, pos)
+    except ValueError:
+        raise _fail(token, f"the quoted {what} is not a JSON string") from None
+    if not isinstance(value, str):  # raw_decode at '"' reads a string; guard anyway
+        raise _fail(token, f"the quoted {what} is not a JSON string")
+    problem = text_problem(value)
+    if problem:
+        raise _fail(token, f"the {what} {problem}")
+    return value, end
+
+
+def parse_term(token: str) -> Term:
+    column, _, rest = token.partition(".")
+    if column not in COLUMNS or not _ or not rest:
+        raise _fail(token, "name a key after the dot")
+    pos = len(column) + 1
+    path: list[str] = []
+    while True:
+        if pos < len(token) and token[pos] == '"':
+            key, pos = _quoted(token, pos, "key")
+        else:
+            end = pos
+            while end < len(token) and token[end] not in '.:"':
+                end += 1
+            key = token[pos:end]
+            if not key:
+                raise _fail(token, "a key is empty")
+            if '"' in token[end : end + 1]:
+                raise _fail(token, "quote a whole key, not part of one")
+            pos = end
+        path.append(key)
+        if len(path) > MAX_DEPTH:
+            raise _fail(token, f"a path has at most {MAX_DEPTH} keys")
+        if pos >= len(token):
+            raise _fail(token, "no ':' and value after the key")
+        if token[pos] == ":":
+            pos += 1
+            break
+        if token[pos] != ".":
+            raise _fail(token, "a quoted key is followed by '.' or ':'")
+        pos += 1
+    raw = token[pos:]
+    if not raw:
+        raise _fail(token, "no value after ':' (an empty string is \"\")")
+    if raw.startswith('"'):
+        value, end = _quoted(token, pos, "value")
+        if end != len(token):
+            raise _fail(token, "text after the quoted value")
+        return Term(column, tuple(path), json.dumps(value, ensure_ascii=False))
+    if raw in _LITERALS:
+        return Term(column, tuple(path), raw)
+    if _NUMBER.fullmatch(raw):
+        if not math.isfinite(float(raw)):
+            raise _fail(token, "the number is out of range")
+        return Term(column, tuple(path), raw)
+    if raw[0] in "[{":
+        raise _fail(token, "a value is one number, string, true, false or null")
+    if '"' in raw:
+        raise _fail(token, "quote a whole value, not part of one")
+    return Term(column, tuple(path), json.dumps(raw, ensure_ascii=False))
+
+
+def _check_size(text: str) -> None:
+    if len(text) > MAX_CHARS:
+        raise InvalidSearch(f"a search is at most {MAX_CHARS} characters", field="search")
+
+
+def parse_terms(text: str) -> list[Term]:
+    """Every token of ``text`` as a term (the API's ``search``)."""
+    _check_size(text)
+    found = []
+    for token in tokens(text):
+        if not is_term(token):
+            raise _fail(token, "not a term")
+        found.append(parse_term(token))
+    if len(found) > MAX_TERMS:
+        raise InvalidSearch(f"a search has at most {MAX_TERMS} terms", field="search")
+    return found
+
+
+def split_query(text: str) -> tuple[list[Term], str]:
+    """The console's box: its terms, and the rest (an id, a dedupe key or a
+    trace id) as typed, for the search it already did."""
+    _check_size(text)
+    parts = tokens(text)
+    terms = [parse_term(t) for t in parts if is_term(t)]
+    if not terms:
+        return [], text.strip()
+    if len(terms) > MAX_TERMS:
+        raise InvalidSearch(f"a search has at most {MAX_TERMS} terms", field="search")
+    return terms, " ".join(t for t in parts if not is_term(t))
+
+
+def matching(terms: list[Term]) -> Q:
+    """All the terms, as one filter."""
+    q = Q()
+    for term in terms:
+        q &= term.q()
+    return q
