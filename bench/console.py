@@ -25,6 +25,7 @@ small by default here).
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,17 +48,39 @@ FIGURES = [
     "search, trace id",
     "search, no match",
     "endpoint page",
+    # Inside input and result (tickets.search), newest first, a page of 50.
+    "input term, 1 match",
+    "input term, 2 % match",
+    "input term, every ticket",
+    "input term, no match",
+    "input terms, 2 % and 1 match",
+    "result term, 1 match",
+    "result term, every succeeded",
+    "input term, 1 match, last hour",
+    "input term, every ticket, last hour",
+    "input term, 1 %, one endpoint",
+    "input term, 1 match, as a submitter",
+    "input term, 2 %, as a submitter",
+    "input term, 2 % of others', as a submitter",
+    "api search, 1 match",
+    "api search, 2 % match",
 ]
+SEARCHES = FIGURES[FIGURES.index("input term, 1 match") :]
 
 
 def figures(ctx: dict) -> dict[str, Callable[[], object]]:
     from datetime import UTC, datetime, timedelta
 
+    from django.contrib.auth import get_user_model
     from django.db import connection
     from django.test import Client
 
     console = Client(HTTP_HOST="127.0.0.1")
     console.force_login(ctx["staff"])
+    # Half the seeded tickets are bench-user's (scale.py): their own list.
+    submitter = Client(HTTP_HOST="127.0.0.1")
+    submitter.force_login(get_user_model().objects.get(username="bench-user"))
+    api = Client(HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION=f"Bearer {ctx['api_key']}")
     with connection.cursor() as cur:
         cur.execute(
             "SELECT id::text, dedupe_key, trace_id FROM tickets_ticket "
@@ -72,15 +95,102 @@ def figures(ctx: dict) -> dict[str, Callable[[], object]]:
     full, key, trace = row
     hour_ago = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%d %H:%M")
 
-    def get(url: str, params: dict | None = None, *, expect: str | None = None):
+    def get(url: str, params=None, *, expect: str | None = None, client=console, check=None):
         def call():
-            response = console.get(url, params or {})
+            response = client.get(url, params or {})
             assert response.status_code == 200, (url, params, response.status_code)
             if expect is not None:
                 assert expect in response.content.decode(), (url, params, "missing", expect)
+            if check is not None:
+                check(response)
             return response
 
         return call
+
+    # The seed's input: {"key": <the dedupe key>, "text": "... team <g % 50> ...",
+    # "options": {"tone": "plain", "max_words": 300}}; a succeeded ticket's
+    # result is {"echo": <its input>}. One text in 50 is a 2 % match.
+    with connection.cursor() as cur:
+        cur.execute("SELECT input->>'text' FROM tickets_ticket WHERE id = %s", [full])
+        (text,) = cur.fetchone()
+        # One of bench-user's own tickets, for the terms of their list; and a
+        # text none of theirs has (the seed gives them odd teams only).
+        cur.execute(
+            "SELECT t.input->>'key', t.input->>'text' FROM tickets_ticket t "
+            "JOIN auth_user u ON u.id = t.submitted_by_id WHERE u.username = 'bench-user' "
+            "AND t.state = 'succeeded' ORDER BY t.id DESC LIMIT 1 OFFSET 500"
+        )
+        their_key, their_text = cur.fetchone()
+        cur.execute(
+            "SELECT t.input->>'text' FROM tickets_ticket t JOIN auth_user u "
+            "ON u.id = t.submitted_by_id WHERE u.username <> 'bench-user' "
+            "ORDER BY t.id DESC LIMIT 1 OFFSET 500"
+        )
+        (not_theirs,) = cur.fetchone()
+        # A text of the endpoint page's endpoint: a fifth of its tickets.
+        cur.execute(
+            "SELECT t.input->>'text' FROM tickets_ticket t JOIN endpoints_endpoint e "
+            "ON e.id = t.endpoint_id WHERE e.address = %s ORDER BY t.id DESC LIMIT 1 OFFSET 50",
+            [ctx["endpoint_address"]],
+        )
+        (endpoint_text,) = cur.fetchone()
+    assert key, "the seed gives every ticket a dedupe key (its input's key)"
+    two_pc = "input.text:" + json.dumps(text)
+    one = f"input.key:{json.dumps(key)}"
+
+    def page_of_50(response):
+        assert len(response.json()["items"]) == 50, "a 2 % match fills a page"
+
+    searches = {
+        "input term, 1 match": get("/tickets/", {"q": one}, expect=full),
+        "input term, 2 % match": get("/tickets/", {"q": two_pc}, expect="Older"),
+        "input term, every ticket": get(
+            "/tickets/", {"q": "input.options.tone:plain"}, expect="Older"
+        ),
+        "input term, no match": get(
+            "/tickets/", {"q": "input.key:no-such-key"}, expect="No tickets match."
+        ),
+        "input terms, 2 % and 1 match": get("/tickets/", {"q": f"{two_pc} {one}"}, expect=full),
+        "result term, 1 match": get(
+            "/tickets/", {"q": f"result.echo.key:{json.dumps(key)}"}, expect=full
+        ),
+        "result term, every succeeded": get(
+            "/tickets/", {"q": "result.echo.options.max_words:300"}, expect="Older"
+        ),
+        "input term, 1 match, last hour": get(
+            "/tickets/", {"q": one, "since": hour_ago}, expect=full
+        ),
+        "input term, every ticket, last hour": get(
+            "/tickets/", {"q": "input.options.tone:plain", "since": hour_ago}, expect="Older"
+        ),
+        "input term, 1 %, one endpoint": get(
+            "/tickets/",
+            {"q": "input.text:" + json.dumps(endpoint_text), "endpoint": ctx["endpoint_address"]},
+            expect="Older",
+        ),
+        "input term, 1 match, as a submitter": get(
+            "/tickets/",
+            {"q": f"input.key:{json.dumps(their_key)}"},
+            client=submitter,
+            expect=their_key,
+        ),  # fmt: skip
+        "input term, 2 %, as a submitter": get(
+            "/tickets/",
+            {"q": "input.text:" + json.dumps(their_text)},
+            client=submitter,
+            expect="Older",
+        ),  # fmt: skip
+        "input term, 2 % of others', as a submitter": get(
+            "/tickets/",
+            {"q": "input.text:" + json.dumps(not_theirs)},
+            client=submitter,
+            expect="No tickets match.",
+        ),  # fmt: skip
+        "api search, 1 match": get("/api/v1/tickets", {"search": one}, client=api, expect=full),
+        "api search, 2 % match": get(
+            "/api/v1/tickets", {"search": two_pc}, client=api, check=page_of_50
+        ),
+    }
 
     return {
         "dashboard": get("/"),
@@ -96,6 +206,7 @@ def figures(ctx: dict) -> dict[str, Callable[[], object]]:
         "search, trace id": get("/tickets/", {"q": trace}),
         "search, no match": get("/tickets/", {"q": "no-such-key-anywhere"}),
         "endpoint page": get(f"/endpoints/{ctx['endpoint_address']}/"),
+        **searches,
     }
 
 
@@ -103,6 +214,7 @@ def main() -> None:
     scale.FIGURES = FIGURES
     scale.figures = figures
     scale.FIRST_PASS = "(none)"
+    scale.EXPLAIN_ALWAYS = SEARCHES
     scale.DB_NAME = "claimcheck_bench_console"
     scale.SMALL_DB = "claimcheck_bench_console_small"
     # scale.Child runs scale.py's file: run this one instead.

@@ -170,11 +170,10 @@ def _listed(
     limit: int,
     since=None,
     until=None,
-    terms: list[search.Term] | None = None,
 ) -> QuerySet[Ticket]:
     """What the API's list and the console's search share: the page size
-    checked, the tickets ``user`` may see, by endpoint, state, time (an id
-    range: ids are UUIDv7) and search terms inside input and result."""
+    checked, the tickets ``user`` may see, by endpoint, state and time (an
+    id range: ids are UUIDv7)."""
 
     if not 1 <= limit <= MAX_PAGE:
         raise Invalid(f"limit must be between 1 and {MAX_PAGE}")
@@ -189,9 +188,16 @@ def _listed(
         qs = qs.filter(id__gte=_uuid7_floor(since))
     if until is not None:
         qs = qs.filter(id__lt=_uuid7_floor(until))
-    if terms:
-        qs = qs.filter(search.matching(terms))
     return qs
+
+
+def _newest(qs: QuerySet[Ticket], terms: list[search.Term] | None, n: int) -> list[Ticket]:
+    """The ``n`` newest tickets of ``qs``; with search terms, the newest
+    that match them (tickets.search.newest_matching says how)."""
+    if not terms:
+        return list(qs.order_by("-id")[:n])
+    ids = search.newest_matching(qs, terms, n)
+    return list(qs.filter(id__in=ids).order_by("-id")) if ids else []
 
 
 def list_tickets(
@@ -210,20 +216,12 @@ def list_tickets(
     time-ordered id (no OFFSET, no COUNT). ``search_text`` is terms only
     (tickets.search): 400 ``invalid_search`` for anything else."""
     terms = search.parse_terms(search_text) if search_text else None
-    qs = _listed(
-        user,
-        endpoint_id=endpoint_id,
-        state=state,
-        limit=limit,
-        since=since,
-        until=until,
-        terms=terms,
-    )
+    qs = _listed(user, endpoint_id=endpoint_id, state=state, limit=limit, since=since, until=until)
     if trace_id:
         qs = qs.filter(trace_id=trace_id)
     if cursor:
         qs = qs.filter(id__lt=decode_cursor(cursor))
-    rows = list(qs.order_by("-id")[: limit + 1])
+    rows = _newest(qs, terms, limit + 1)
     next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
 
@@ -317,13 +315,7 @@ def find_tickets(
     every one of those ways, and alone list what they match."""
     terms, q = search.split_query(q)
     base = _listed(
-        user,
-        endpoint_id=endpoint_id,
-        state=state,
-        limit=limit,
-        since=since,
-        until=until,
-        terms=terms,
+        user, endpoint_id=endpoint_id, state=state, limit=limit, since=since, until=until
     )
     if delivery_state:
         if delivery_state not in DeliveryState.values:
@@ -367,8 +359,15 @@ def find_tickets(
                 )
     found: dict[uuid.UUID, Ticket] = {}
     for branch in branches:
-        for ticket in branch.order_by("-id")[: limit + 1]:
-            found[ticket.id] = ticket
+        if terms and branch is not base:
+            # An id, trace or dedupe key finds a few tickets by its own
+            # index: the terms only check those.
+            branch = branch.filter(search.matching(terms))
+            for ticket in branch.order_by("-id")[: limit + 1]:
+                found[ticket.id] = ticket
+        else:
+            for ticket in _newest(branch, terms, limit + 1):
+                found[ticket.id] = ticket
     rows = sorted(found.values(), key=lambda t: t.id, reverse=True)[: limit + 1]
     next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
