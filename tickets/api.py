@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -161,13 +161,17 @@ def list_tickets(
     trace_id: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
-    search: str | None = Query(
-        None,
-        max_length=search_terms.MAX_CHARS,
-        description="Terms inside input and result, all of which must hold: "
-        "`input.<key>[.<key>...]:<value>` or `result.<key>...:<value>`, separated by "
-        "spaces (docs/api.md, Search). 400 `invalid_search` when one does not parse.",
-    ),
+    # Annotated, not a Query(...) default: the MCP tool calls this function
+    # without it. Its length is the parser's to refuse (400 invalid_search).
+    search: Annotated[
+        str | None,
+        Query(
+            description="Terms inside input and result, all of which must hold: "
+            "`input.<key>[.<key>...]:<value>` or `result.<key>...:<value>`, separated by "
+            f"spaces, at most {search_terms.MAX_CHARS} characters (docs/api.md, Search). "
+            "400 `invalid_search` when one does not parse."
+        ),
+    ] = None,
     limit: int = Query(50, ge=1, le=selectors.MAX_PAGE),
     cursor: str | None = None,
 ):

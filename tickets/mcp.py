@@ -22,6 +22,7 @@ from core.schemas import Out, Strict
 from core.tools import Tool
 
 from . import api, selectors
+from . import search as search_terms
 from .models import TERMINAL_STATES
 from .ports import endpoint_directory
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
@@ -93,9 +94,10 @@ class ListIn(Strict):
 class SearchIn(Strict):
     q: str = Field(
         min_length=1,
-        max_length=limits.DEDUPE_KEY_CHARS,
+        max_length=search_terms.MAX_CHARS,
         description="A ticket id (whole, or its head or tail of 4+ characters), a dedupe "
-        "key, or a trace id.",
+        "key, or a trace id; and/or terms inside input and result, all of which must hold: "
+        'input.customer:42, result.status:"needs review" (docs/api.md, Search).',
     )
     endpoint: str | None = Field(default=None, max_length=limits.ADDRESS_CHARS)
     state: str | None = None
@@ -216,7 +218,8 @@ TOOLS = [
         name="search_tickets",
         title="Search tickets",
         description="Find tickets you may see by id (whole or a head or tail of it), dedupe "
-        "key or trace id, like the console's search box; filters and cursor as list_tickets.",
+        "key or trace id, and by key and value inside input and result (input.customer:42), "
+        "like the console's search box; filters and cursor as list_tickets.",
         params=SearchIn,
         output=TicketPage,
         run=search,

@@ -248,6 +248,18 @@ def test_list_iterates_every_keyset_page_newest_first(cc, endpoint):
     assert [t.id for t in items] == ids[:2:-1] and cursor
 
 
+def test_list_searches_inside_input(cc, endpoint):
+    endpoint("searched")
+    wanted = cc.submit("searched", {"customer": 42, "note": "two words"})
+    cc.submit("searched", {"customer": 43})
+    assert [t.id for t in cc.list(search='input.customer:42 input.note:"two words"')] == [wanted.id]
+    assert cc.list_page(search="input.customer:44") == ([], None)
+    with pytest.raises(Invalid) as info:
+        cc.list_page(search="input.customer")
+    assert (info.value.status, info.value.code) == (400, "invalid_search")
+    assert info.value.body["field"] == "search"
+
+
 def test_events_and_lineage_are_typed(cc, endpoint):
     endpoint("tree")
     root = cc.submit("tree", {"n": 0})

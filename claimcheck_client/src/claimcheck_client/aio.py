@@ -126,6 +126,7 @@ class AsyncClient:
         endpoint: str | None = None,
         state: str | None = None,
         trace_id: str | None = None,
+        search: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[builtins.list[Ticket], str | None]:
@@ -136,6 +137,7 @@ class AsyncClient:
                 "endpoint": endpoint,
                 "state": state,
                 "trace_id": trace_id,
+                "search": search,
                 "limit": limit,
                 "cursor": cursor,
             },
@@ -148,12 +150,18 @@ class AsyncClient:
         endpoint: str | None = None,
         state: str | None = None,
         trace_id: str | None = None,
+        search: str | None = None,
         page_size: int = 50,
     ) -> AsyncIterator[Ticket]:
         cursor: str | None = None
         while True:
             items, cursor = await self.list_page(
-                endpoint=endpoint, state=state, trace_id=trace_id, limit=page_size, cursor=cursor
+                endpoint=endpoint,
+                state=state,
+                trace_id=trace_id,
+                search=search,
+                limit=page_size,
+                cursor=cursor,
             )
             for item in items:
                 yield item

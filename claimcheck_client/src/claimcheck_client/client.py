@@ -147,6 +147,7 @@ class Client:
         endpoint: str | None = None,
         state: str | None = None,
         trace_id: str | None = None,
+        search: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[builtins.list[Ticket], str | None]:
@@ -158,6 +159,7 @@ class Client:
                 "endpoint": endpoint,
                 "state": state,
                 "trace_id": trace_id,
+                "search": search,
                 "limit": limit,
                 "cursor": cursor,
             },
@@ -170,13 +172,19 @@ class Client:
         endpoint: str | None = None,
         state: str | None = None,
         trace_id: str | None = None,
+        search: str | None = None,
         page_size: int = 50,
     ) -> Iterator[Ticket]:
         """Every matching ticket, newest first, fetched a page at a time."""
         cursor: str | None = None
         while True:
             items, cursor = self.list_page(
-                endpoint=endpoint, state=state, trace_id=trace_id, limit=page_size, cursor=cursor
+                endpoint=endpoint,
+                state=state,
+                trace_id=trace_id,
+                search=search,
+                limit=page_size,
+                cursor=cursor,
             )
             yield from items
             if not cursor:
