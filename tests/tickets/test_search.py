@@ -229,16 +229,30 @@ def test_terms_combine_with_endpoint_state_time_and_cursor(finished, make_endpoi
 
 
 @pytest.mark.django_db
-def test_only_visible_tickets_match(finished, django_user_model, make_endpoint):
-    mine = finished({"customer": 42})
+@pytest.mark.parametrize("window", [1, search.WINDOW])  # step 2 too, or step 1 alone
+def test_only_visible_tickets_match(
+    finished, django_user_model, make_endpoint, monkeypatch, window
+):
+    monkeypatch.setattr(search, "WINDOW", window)
     stranger = django_user_model.objects.create_user("stranger")
     make_endpoint("s.strangers", owners=["stranger"])
-    theirs = admit_ticket(endpoint="s.strangers", input={"customer": 42}, submitter=stranger)
-    assert found(stranger, "input.customer:42") == [theirs.ticket.id]
+
+    def theirs():
+        return admit_ticket(endpoint="s.strangers", input={"customer": 42}, submitter=stranger)
+
+    # The stranger's matches before, around and after the caller's own: step
+    # 2 reads every match from the index, the scope keeps only the caller's.
+    older = theirs().ticket
+    mine = finished({"customer": 42})
+    newer = [theirs().ticket for _ in range(2)]
+    assert found(stranger, "input.customer:42") == [newer[1].id, newer[0].id, older.id]
     assert found(finished.owner, "input.customer:42") == [mine.id]
     assert found(finished.submitter, "input.customer:42") == [mine.id]
+    mine_too = finished({"customer": 42})
+    assert found(finished.owner, "input.customer:42") == [mine_too.id, mine.id]
     staff = django_user_model.objects.create_user("root", is_staff=True)
-    assert found(staff, "input.customer:42") == [theirs.ticket.id, mine.id]
+    everything = [mine_too.id, newer[1].id, newer[0].id, mine.id, older.id]
+    assert found(staff, "input.customer:42") == everything
 
 
 # --- The API ----------------------------------------------------------------------------------
