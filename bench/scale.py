@@ -334,6 +334,18 @@ def seed(
     return time.perf_counter() - started
 
 
+def _seeded(name: str, tickets: int) -> bool:
+    """Whether ``name`` holds a seeded ledger of ``tickets`` tickets (what a
+    ``--keep`` run leaves), for ``--reuse``."""
+    import psycopg
+
+    try:
+        with psycopg.connect(f"{benchlib.PG_SERVER}/{name}") as conn:
+            return conn.execute("SELECT count(*) FROM tickets_ticket").fetchone()[0] == tickets
+    except psycopg.Error:
+        return False
+
+
 def vacuum_analyze(conn) -> None:
     conn.execute("VACUUM ANALYZE")
 
@@ -564,7 +576,9 @@ def child(args) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     benchlib.start_wall_clock(WALL_S)
     benchlib.use_database(args.db)
-    benchlib.recreate_database()
+    reuse = args.reuse and _seeded(benchlib.DB_NAME, tickets)
+    if not reuse:
+        benchlib.recreate_database()
     benchlib.setup_django()
 
     import psycopg
@@ -572,12 +586,22 @@ def child(args) -> None:
     from django.db import connection
 
     from accounts.keys import create_api_key
+    from endpoints.models import Endpoint
     from endpoints.services import create_endpoint
 
     runner = {"kind": "python", "path": "endpoints.demo.echo"}
-    endpoints = [
-        create_endpoint(address=f"bench.scale-{i:02d}", runner=runner).id for i in range(ENDPOINTS)
-    ]
+    if reuse:  # what a --keep run left: its endpoints and users, a new key
+        endpoints = list(
+            Endpoint.objects.filter(address__startswith="bench.scale-")
+            .exclude(address="bench.scale-large")
+            .order_by("address")
+            .values_list("id", flat=True)
+        )
+    else:
+        endpoints = [
+            create_endpoint(address=f"bench.scale-{i:02d}", runner=runner).id
+            for i in range(ENDPOINTS)
+        ]
     _, api_key = create_api_key(username="bench-staff", staff=True)
     create_api_key(username="bench-user")
     users = list(get_user_model().objects.order_by("id").values_list("id", flat=True))
@@ -586,29 +610,34 @@ def child(args) -> None:
 
     db = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)
     try:
-        db.execute(UUID7)
-        db.execute(TEXT)
+        if not reuse:
+            db.execute(UUID7)
+            db.execute(TEXT)
         seed_ctx = {"t0": args.t0, "step": STEP_S, "queued": QUEUED, "endpoints": endpoints,
                     "users": users, "seq_base": args.seq_base}  # fmt: skip
         # The large ledger's older history first, then the newest tickets and
         # the lineage, which both databases hold alike.
         started = time.perf_counter()
-        if tickets > args.small:
-            seed(db, first=args.small - LINEAGE + 1, last=tickets - LINEAGE, ctx=seed_ctx,
-                 progress=lambda t: progress(label, t))  # fmt: skip
-        seed(db, first=1, last=args.small - LINEAGE, ctx=seed_ctx)
-        db.execute(LINEAGE_SQL, {"t0": args.t0, "n": LINEAGE, "endpoint": endpoints[0],
-                                 "user": users[0]})  # fmt: skip
-        db.execute("INSERT INTO tickets_trace VALUES ('lineage-trace', %s, 1, false, now())",
-                   (LINEAGE,))  # fmt: skip
+        due = 0
+        if reuse:
+            progress(label, f"reusing {benchlib.DB_NAME}, as a --keep run left it")
+        else:
+            if tickets > args.small:
+                seed(db, first=args.small - LINEAGE + 1, last=tickets - LINEAGE, ctx=seed_ctx,
+                     progress=lambda t: progress(label, t))  # fmt: skip
+            seed(db, first=1, last=args.small - LINEAGE, ctx=seed_ctx)
+            db.execute(LINEAGE_SQL, {"t0": args.t0, "n": LINEAGE, "endpoint": endpoints[0],
+                                     "user": users[0]})  # fmt: skip
+            db.execute("INSERT INTO tickets_trace VALUES ('lineage-trace', %s, 1, false, now())",
+                       (LINEAGE,))  # fmt: skip
+            # Only among the tickets both ledgers hold: the same work in both.
+            shared_since = db.execute(
+                "SELECT %s::timestamptz - %s * interval '1 second'",
+                (args.t0, (args.small - LINEAGE) * STEP_S),
+            ).fetchone()[0]
+            due = prepare_sweep_work(db, shared_since=shared_since, t0=args.t0)
+            vacuum_analyze(db)
         seed_s = time.perf_counter() - started
-        # Only among the tickets both ledgers hold: the same work in both.
-        shared_since = db.execute(
-            "SELECT %s::timestamptz - %s * interval '1 second'",
-            (args.t0, (args.small - LINEAGE) * STEP_S),
-        ).fetchone()[0]
-        due = prepare_sweep_work(db, shared_since=shared_since, t0=args.t0)
-        vacuum_analyze(db)
         count = db.execute("SELECT count(*) FROM tickets_ticket").fetchone()[0]
         assert count == tickets, f"{count} tickets, expected {tickets}"
         ctx = {
@@ -670,6 +699,8 @@ class Child:
         ]  # fmt: skip
         if args.keep:
             argv.append("--keep")
+        if args.reuse:
+            argv.append("--reuse")
         self.proc = subprocess.Popen(
             argv,
             cwd=benchlib.ROOT,
@@ -717,6 +748,9 @@ def main() -> None:
     parser.add_argument("--large-results", type=int, default=5_000,
                         help="tickets seeded with a 16 KB result for the bytes figure")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the two databases")
+    parser.add_argument("--reuse", action="store_true",
+                        help="time the ledgers a --keep run left, if they are there (no seeding; "
+                        "the sweeps' figures then find no work)")  # fmt: skip
     # The child processes (one per database): internal.
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
