@@ -334,6 +334,13 @@ def seed(
     return time.perf_counter() - started
 
 
+# The seeded tickets, not the large-result ones a finished run added.
+COUNT_SEEDED = (
+    "SELECT count(*) FROM tickets_ticket t JOIN endpoints_endpoint e ON e.id = t.endpoint_id "
+    "WHERE e.address <> 'bench.scale-large'"
+)
+
+
 def _seeded(name: str, tickets: int) -> bool:
     """Whether ``name`` holds a seeded ledger of ``tickets`` tickets (what a
     ``--keep`` run leaves), for ``--reuse``."""
@@ -341,7 +348,7 @@ def _seeded(name: str, tickets: int) -> bool:
 
     try:
         with psycopg.connect(f"{benchlib.PG_SERVER}/{name}") as conn:
-            return conn.execute("SELECT count(*) FROM tickets_ticket").fetchone()[0] == tickets
+            return conn.execute(COUNT_SEEDED).fetchone()[0] == tickets
     except psycopg.Error:
         return False
 
@@ -638,7 +645,7 @@ def child(args) -> None:
             due = prepare_sweep_work(db, shared_since=shared_since, t0=args.t0)
             vacuum_analyze(db)
         seed_s = time.perf_counter() - started
-        count = db.execute("SELECT count(*) FROM tickets_ticket").fetchone()[0]
+        count = db.execute(COUNT_SEEDED).fetchone()[0]
         assert count == tickets, f"{count} tickets, expected {tickets}"
         ctx = {
             "api_key": api_key,
@@ -666,6 +673,8 @@ def child(args) -> None:
                 reply(run_once(calls, cmd["figure"], capture=cmd.get("capture", False)))
             elif cmd["cmd"] == "explain":
                 reply({"plan": explain(db, cmd["sql"])})
+            elif cmd["cmd"] == "large_results" and reuse:
+                reply({"bytes": None})  # measured by the run that seeded it
             elif cmd["cmd"] == "large_results":
                 # Tickets with a 16 KB result on an endpoint of their own: the
                 # growth of every relation per ticket.
@@ -847,14 +856,16 @@ def main() -> None:
     print("\nBytes per ticket (pg_relation_size of heap + TOAST, pg_indexes_size, events total):")
     print_bytes(f"{small:,} tickets", ready["small"]["bytes"])
     print_bytes(f"{large:,} tickets", ready["large"]["bytes"])
-    print_bytes(f"{lr:,} tickets with a 16 KB result (growth of each relation)", large_bytes)
+    if large_bytes is not None:
+        label = f"{lr:,} tickets with a 16 KB result (growth of each relation)"
+        print_bytes(label, large_bytes)
     print(f"  indexes of tickets and events at {large:,} tickets, bytes per ticket:")
     for name, b in ready["large"]["index_bytes"].items():
         print(f"    {name:<48} {b:6.1f}")
     summary["bytes_per_ticket"] = {
         str(small): {k: round(v) for k, v in ready["small"]["bytes"].items()},
         str(large): {k: round(v) for k, v in ready["large"]["bytes"].items()},
-        "large_result": {k: round(v) for k, v in large_bytes.items()},
+        "large_result": {k: round(v) for k, v in (large_bytes or {}).items()},
         "indexes_at_large": {k: round(v, 1) for k, v in ready["large"]["index_bytes"].items()},
     }
     if plans:

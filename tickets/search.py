@@ -241,10 +241,10 @@ def newest_matching(scope: QuerySet, terms: list[Term], n: int) -> list:
     1. the newest ``WINDOW`` tickets of the scope, by the index the list
        already walks, each checked against the terms: a term in at least
        one of every ``WINDOW / n`` tickets fills the page here;
-    2. otherwise the older matches: every ticket matching the terms, from
-       the GIN indexes alone (an ``ARRAY`` subquery, computed once: the
-       planner cannot turn it into an id-order walk), probed by primary
-       key for the scope's filters.
+    2. otherwise the older matches: every ticket of the scope matching the
+       terms, through the GIN indexes (an ``ARRAY`` subquery, computed
+       once: the planner cannot turn it into an id-order walk), the newest
+       of them probed by primary key.
 
     Step 1 costs ``WINDOW`` rows, whatever the ledger's size; step 2 runs
     for a term in fewer than one of ``WINDOW / n`` recent tickets and costs
@@ -269,13 +269,14 @@ def newest_matching(scope: QuerySet, terms: list[Term], n: int) -> list:
     floor = next((row[0] for row in rows if row[2] == WINDOW), None)
     if len(hits) >= n or floor is None:
         return hits[:n]
-    # The subquery holds the terms alone: with the scope's id range beside
-    # them the planner may walk that range instead of the GIN index.
-    clauses = " AND ".join(f"s.{t.column} @> %s::jsonb" for t in terms)  # COLUMNS only
-    older = scope.filter(id__lt=floor).extra(  # noqa: S610 - parameters, not SQL text
-        where=[
-            f"tickets_ticket.id = ANY(ARRAY(SELECT s.id FROM tickets_ticket s WHERE {clauses}))"
-        ],
-        params=[t.document() for t in terms],
+    # Every match in scope, unordered: the planner may combine the GIN
+    # index with the scope's own (the caller's tickets, an endpoint's),
+    # never walk the id order. Not the id range either: with it beside the
+    # terms it might read that range instead of the GIN index.
+    inner = scope.filter(matching(terms)).order_by().values("id").query
+    inner_sql, inner_params = inner.sql_with_params()
+    older = scope.filter(id__lt=floor).extra(  # noqa: S610 - Django's SQL, parameters
+        where=[f"tickets_ticket.id = ANY(ARRAY({inner_sql}))"],
+        params=list(inner_params),
     )
     return hits + list(older.order_by("-id").values_list("id", flat=True)[: n - len(hits)])
