@@ -32,8 +32,8 @@ from django.db import connection
 from django.db.models import BooleanField, ExpressionWrapper, JSONField, Q, QuerySet, Value
 from django.db.models.functions import Cast
 
-from config.errors import InvalidSearch
-from config.inputs import text_problem
+from core.errors import InvalidSearch
+from core.inputs import text_problem
 
 COLUMNS = ("input", "result")
 MAX_TERMS = 8

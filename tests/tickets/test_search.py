@@ -14,8 +14,8 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config.errors import InvalidSearch
-from console.keys import create_api_key
+from accounts.keys import create_api_key
+from core.errors import InvalidSearch
 from endpoints import runtime
 from tickets import search, selectors
 from tickets.admission import admit_ticket

@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("tickets", "0001_initial"),
+        ("tickets", "0002_prune_per_trace"),
     ]
 
     operations = [
