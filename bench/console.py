@@ -1,14 +1,15 @@
 """Does the console stay fast on a large ledger? The ticket list, its search
 and filters, and the dashboard, timed at 10,000 tickets and at 1,000,000.
 
-    .venv/bin/python bench/console.py [--small 10000] [--large 1000000] [-r 15] [--keep]
+    .venv/bin/python bench/console.py [--small 10000] [--large 1000000] [-r 15] [--keep] [--reuse]
 
 bench/scale.py does the work: the same two databases seeded by SQL
 (``claimcheck_bench_console_small`` and ``claimcheck_bench_console`` here),
 timed in turn, run by run, the median printed with the growth ratio (1M over
-10k; target <= 1.5) and, for a figure over it, the slowest SELECT's
-``EXPLAIN (ANALYZE, BUFFERS)``. Only the figures differ: the console's pages
-as a logged-in staff user (server time through Django's test ``Client``):
+10k; target <= 1.5) with the p95, and, for a figure over it or a search
+inside input and result, the slowest SELECT's ``EXPLAIN (ANALYZE, BUFFERS)``.
+Only the figures differ: the console's pages as a logged-in staff user
+(server time through Django's test ``Client``):
 
 - the dashboard (capped counts, the last hour's per-minute charts and
   failures by code over the primary-key range of the last hour, what awaits
@@ -17,7 +18,12 @@ as a logged-in staff user (server time through Django's test ``Client``):
   pending); a time range (the last hour);
 - search: a full id, the 8-character id end the pages print (``…1234abcd``),
   an id head, a dedupe key, a trace id, and a miss;
-- an endpoint page (its last hour of turns, p50/p95).
+- an endpoint page (its last hour of turns, p50/p95);
+- search inside input and result (tickets.search): a term matching one
+  ticket, 2 % of them, every one, none; two terms; result terms; within the
+  hour before the one ticket; 1 % of one endpoint's; as a submitter who sees
+  half the ledger (one match, 2 %, and 2 % of the others' tickets, none of
+  theirs); and through ``GET /api/v1/tickets?search=``.
 
 The bytes-per-ticket figures of scale.py come along (``--large-results``
 small by default here).
