@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("tickets", "0002_prune_per_trace"),
+        ("tickets", "0003_plural_labels"),
     ]
 
     operations = [
