@@ -71,7 +71,7 @@ class Endpoint(models.Model):
     submitter_groups = models.ManyToManyField("auth.Group", blank=True, related_name="+")
     # The current generation of the behaviour-defining fields (GENERATION_FIELDS):
     # the row keeps the current values so a turn's start reads one row; every
-    # change of them is an EndpointGeneration (endpoints/generations.py).
+    # change of them is an EndpointGeneration (endpoints/services.py, change_generation).
     generation = models.PositiveIntegerField(default=1, db_default=1)
     # Notes for the next run: lines every later turn's runner is handed
     # (TurnContext.notes, the http envelope, an agent's instructions).
@@ -125,7 +125,7 @@ GENERATION_FIELDS = (
 class EndpointGeneration(models.Model):
     """Append-only (UPDATE, DELETE and TRUNCATE refused): one version of an
     endpoint's behaviour-defining configuration. Number 1 is written with
-    the endpoint; every change writes N+1 (endpoints/generations.py) in the
+    the endpoint; every change writes N+1 (endpoints/services.py, change_generation) in the
     transaction that changes the endpoint row, conditional on N being
     current. ``changes`` is the diff against N-1 ({field: {from, to}})."""
 
