@@ -147,6 +147,9 @@ class EndpointGenerationAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         return any_of(endpoint_q(term, resolve_endpoint), uuid_q(term, "proposal_id"))
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned(user))
+
 
 @admin.register(ChangeProposal)
 class ChangeProposalAdmin(ReadOnlyAdmin):
@@ -159,6 +162,9 @@ class ChangeProposalAdmin(ReadOnlyAdmin):
 
     def search_q(self, term: str) -> Q | None:
         return any_of(uuid_q(term, "id"), endpoint_q(term, resolve_endpoint))
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned(user))
 
 
 @admin.register(ChangeReview)
@@ -173,6 +179,9 @@ class ChangeReviewAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         return uuid_q(term, "id", "proposal_id")
 
+    def owner_scope(self, queryset, user):
+        return queryset.filter(proposal__endpoint_id__in=_owned(user))
+
 
 @admin.register(RouteGeneration)
 class RouteGenerationAdmin(ReadOnlyAdmin):
@@ -186,3 +195,6 @@ class RouteGenerationAdmin(ReadOnlyAdmin):
     def search_q(self, term: str) -> Q | None:
         # The unique (alias, number) index leads with the alias.
         return Q(alias=term)
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned(user))
