@@ -37,6 +37,7 @@ from core.errors import (
     TooLarge,
 )
 from core.limits import DEDUPE_KEY_CHARS, TRACE_ID_CHARS
+from core.sqlfunctions import call_cursor
 
 from .ids import new_id
 from .models import (
@@ -235,11 +236,10 @@ def _admit(
 
 
 def _call(params: list) -> tuple:
-    # One statement through Django's cursor (client-side binding, so fine
-    # behind PgBouncer in transaction mode); in autocommit its own
-    # transaction. PL/pgSQL plans the function's statements once per server
-    # session.
-    with connection.cursor() as cur:
+    # One statement (in autocommit its own transaction), unprepared, so fine
+    # behind PgBouncer in transaction mode. PL/pgSQL plans the function's
+    # statements once per server session.
+    with call_cursor() as cur:
         cur.execute(_ADMIT_SQL, params)
         return cur.fetchone()
 
