@@ -17,6 +17,7 @@ from core.dispatch import (
     publish,
     publish_now,
 )
+from core.sqlfunctions import call_cursor
 from core.transient import TRANSIENT_DB_ERRORS
 from tickets.models import Ticket, TicketState
 
@@ -54,7 +55,7 @@ def release_lock(*, endpoint_id: int, turn: Turn) -> None:
     # claimcheck_release_lock (endpoints/sql/claimcheck_release_lock.sql),
     # which the turn's finish calls too: the release is written in one place.
     # It raises when the turn does not hold the lock (the caller checked: a bug).
-    with connection.cursor() as cur:
+    with call_cursor() as cur:
         cur.execute("SELECT claimcheck_release_lock(%s, %s)", [endpoint_id, turn.id])
         waiting = cur.fetchone()[0]
     if waiting is not None:
@@ -74,28 +75,6 @@ def publish_next(ticket_id: uuid.UUID) -> None:
     transaction.on_commit(send)
 
 
-# dispatch_next in one statement: unmark the oldest marked queued ticket, or
-# (none marked, or the endpoint paused: its marks wait for the resume) wake
-# the dispatcher at commit.
-_NEXT_SQL = """
-WITH w AS (
-    SELECT t.id FROM tickets_ticket t
-    WHERE t.endpoint_id = %(endpoint_id)s AND t.state = 'queued' AND t.needs_dispatch
-      AND (SELECT e.paused_at FROM endpoints_endpoint e WHERE e.id = %(endpoint_id)s) IS NULL
-    ORDER BY t.id LIMIT 1
-),
-u AS (
-    UPDATE tickets_ticket t SET needs_dispatch = false
-    WHERE t.id = (SELECT id FROM w) RETURNING t.id
-),
-n AS (
-    SELECT pg_notify('claimcheck_dispatch', '') FROM (SELECT 1) one
-    WHERE NOT EXISTS (SELECT 1 FROM w)
-)
-SELECT (SELECT id FROM u), (SELECT count(*) FROM n)
-"""
-
-
 def dispatch_next(*, endpoint_id: int) -> None:
     """After a release (the caller holds the lock row): publish, after commit,
     the oldest queued ticket that has no message in flight. Every queued
@@ -106,8 +85,10 @@ def dispatch_next(*, endpoint_id: int) -> None:
     Nothing marked: an admission committing now may have been invisible to
     this query, and the dispatcher it woke may have seen the lock still held,
     so wake the dispatcher again once the release commits."""
-    with connection.cursor() as cur:
-        cur.execute(_NEXT_SQL, {"endpoint_id": endpoint_id})
+    # claimcheck_next_ticket (endpoints/sql/claimcheck_next_ticket.sql), the
+    # step claimcheck_release_lock ends with: written in one place.
+    with call_cursor() as cur:
+        cur.execute("SELECT claimcheck_next_ticket(%s)", [endpoint_id])
         waiting = cur.fetchone()[0]
     if waiting is not None:
         publish_next(waiting)

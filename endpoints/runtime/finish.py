@@ -15,12 +15,13 @@ from typing import Any
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import connection, transaction
+from django.db import transaction
 
 from core import observe
 from core.canonical import canonical_json
 from core.dispatch import DELIVER, publish
 from core.errors import DomainError, StaleTurn
+from core.sqlfunctions import call_cursor
 from tickets import lifecycle, terminal
 from tickets.ids import new_id
 from tickets.models import CallbackState, Ticket, TicketState
@@ -314,7 +315,7 @@ def _call(
         node,
         pid,
     ]
-    with connection.cursor() as cur:
+    with call_cursor() as cur:
         cur.execute(_FINISH_SQL, params)
         return _Written(*cur.fetchone())
 

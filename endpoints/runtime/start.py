@@ -18,6 +18,7 @@ from django.db import connection
 from django.db.models import Model
 
 from core import observe
+from core.sqlfunctions import call_cursor
 from tickets.ids import new_id
 from tickets.models import Ticket, TicketState
 
@@ -124,7 +125,7 @@ def start_turn(
         node,
         pid,
     ]
-    with connection.cursor() as cur:
+    with call_cursor() as cur:
         cur.execute(_START_SQL, params)
         row = cur.fetchone()
     if row is None:

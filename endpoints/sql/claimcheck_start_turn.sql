@@ -6,12 +6,19 @@ LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 BEGIN
 RETURN QUERY
-WITH msg AS (
-    SELECT t.endpoint_id FROM tickets_ticket t WHERE t.id = p_ticket AND t.state = 'queued'
+-- A ticket is found by its key alone, or by its key and endpoint: with
+-- "state = 'queued'" beside a bare id the planner may take the queued
+-- tickets' index (endpoint_id, id), where id is not the first column, and
+-- read the whole index (every endpoint's queue, and the entries of tickets
+-- started since the last vacuum) on every start. So msg reads the row by
+-- its primary key (MATERIALIZED: the state is checked outside), and the
+-- updates below name the endpoint too.
+WITH msg AS MATERIALIZED (
+    SELECT t.endpoint_id, t.state FROM tickets_ticket t WHERE t.id = p_ticket
 ),
 lk AS (
     SELECT l.endpoint_id, l.holder_id FROM endpoints_endpointlock l
-    WHERE l.endpoint_id = (SELECT endpoint_id FROM msg)
+    WHERE l.endpoint_id = (SELECT endpoint_id FROM msg WHERE state = 'queued')
     FOR UPDATE
 ),
 tk AS (
@@ -56,7 +63,8 @@ hold AS (
 tu AS (
     UPDATE tickets_ticket t
     SET state = 'running', turn_id = u.id, updated_at = u.started_at, version = t.version + 1
-    FROM tn u WHERE t.id = (SELECT ticket_id FROM tn) AND t.state = 'queued'
+    FROM tn u WHERE t.id = (SELECT ticket_id FROM tn)
+      AND t.endpoint_id = (SELECT endpoint_id FROM tn) AND t.state = 'queued'
     RETURNING t AS row, t.id
 ),
 ev AS (
@@ -74,7 +82,7 @@ ev AS (
 -- ticket first).
 mk AS (
     UPDATE tickets_ticket t SET needs_dispatch = true
-    WHERE t.id = p_ticket AND t.state = 'queued'
+    WHERE t.id = p_ticket AND t.endpoint_id = (SELECT endpoint_id FROM lk) AND t.state = 'queued'
       AND EXISTS (SELECT 1 FROM lk)
       AND (EXISTS (SELECT 1 FROM lk WHERE holder_id IS NOT NULL)
            OR (EXISTS (SELECT 1 FROM tk)
