@@ -135,8 +135,10 @@ if DATABASE_POOL_MAX:
         "max_size": DATABASE_POOL_MAX,
         "timeout": env.float("DATABASE_POOL_TIMEOUT_S", default=5.0),
     }
-# Prepared statements only where asked for (prepare=True): the admission
-# hot path. Django's own queries keep being planned per execution.
+# No prepared statements (PgBouncer in transaction mode before 1.21 keeps
+# none): psycopg never reaches this threshold, and nothing asks with
+# prepare=True. The transition functions' calls bind their parameters on
+# the server as unnamed statements (config/sqlfunctions.call_cursor).
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
 # A database host that does not answer fails the connect in seconds (a
 # 503 with Retry-After, a worker retry) instead of the OS's minutes.

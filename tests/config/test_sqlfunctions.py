@@ -38,6 +38,7 @@ def test_every_file_is_the_installed_function():
         "claimcheck_start_turn",
         "claimcheck_finish_turn",
         "claimcheck_release_lock",
+        "claimcheck_next_ticket",
     } <= set(names)
 
 

@@ -392,8 +392,9 @@ def test_a_new_ticket_comes_back_as_the_database_holds_it(make_endpoint, django_
 
 def test_admission_needs_no_prepared_statement(make_endpoint, django_assert_num_queries):
     """PgBouncer in transaction mode (1.18) carries no protocol-level
-    prepared statement: admission is a function call sent as plain text,
-    and the function's plans are kept by the server session itself."""
+    prepared statement: admission is a function call sent as one unnamed
+    statement, and the function's plans are kept by the server session
+    itself."""
     make_endpoint("alpha")
     with django_assert_num_queries(1) as captured:
         first = admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="p1")
