@@ -138,7 +138,7 @@ if DATABASE_POOL_MAX:
 # No prepared statements (PgBouncer in transaction mode before 1.21 keeps
 # none): psycopg never reaches this threshold, and nothing asks with
 # prepare=True. The transition functions' calls bind their parameters on
-# the server as unnamed statements (config/sqlfunctions.call_cursor).
+# the server as unnamed statements (core/sqlfunctions.call_cursor).
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
 # A database host that does not answer fails the connect in seconds (a
 # 503 with Retry-After, a worker retry) instead of the OS's minutes.
