@@ -8,8 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # connect as the application role (DATABASE_APP_ROLE, set by `make test`).
 from tests.db_roles import django_db_setup, owner_cursor  # noqa: E402,F401 - fixtures
 from tests.faults import figures as fault_figures  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402,F401 - the one wait helper, imported from here
 
 
 def pytest_runtest_logreport(report):
@@ -81,24 +80,6 @@ def _own_broker_per_xdist_worker() -> None:
     settings.RATE_LIMIT_STORAGE_URL = url  # the fair-share counters beside it
     # Celery derives the read and write URLs from broker_url once configured.
     app.conf.update(broker_url=url, broker_read_url=url, broker_write_url=url)
-
-
-def wait_for(
-    predicate: Callable[[], object],
-    *,
-    timeout: float = 20.0,
-    interval: float = 0.05,
-    message: str = "condition",
-):
-    """Poll ``predicate`` until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
 
 
 # The runner allow-list the tests need (README "Tests"): the demo runners,

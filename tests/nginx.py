@@ -12,8 +12,9 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "deploy" / "nginx.conf"
@@ -89,13 +90,14 @@ http {{
             ["nginx", "-p", str(self.dir), "-c", conf, "-e", str(self.dir / "error.log")],
             start_new_session=True,
         )
-        deadline = time.monotonic() + 20
-        while True:
+
+        def listening() -> bool:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
-                break
+                return True
             assert self.proc.poll() is None, (self.dir / "error.log").read_text()
-            assert time.monotonic() < deadline, "nginx did not listen"
-            time.sleep(0.05)
+            return False
+
+        wait_for(listening, timeout=20, message="nginx to listen")
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,6 +10,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from tests.waiting import wait_for
+
 
 @dataclass
 class Seen:
@@ -144,14 +146,8 @@ class Proxy:
             conn.sendall(_closing(answer))
 
 
-def poll(predicate, *, timeout: float = 20.0, message: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(0.05)
-    return value
+# The suite's one wait helper, under the name these tests know.
+poll = wait_for
 
 
 class Recorder:

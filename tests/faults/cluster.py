@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.waiting import wait_for
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -46,11 +48,7 @@ def _pg_bindir() -> Path:
 
 
 def _wait(predicate, *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
+    wait_for(predicate, timeout=timeout, interval=0.1, message=what)
 
 
 class PrivatePostgres:

@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from tests.waiting import wait_for
+
 from .cluster import PrivatePostgres, PrivateRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,15 +36,8 @@ COUNTED = "tests.faults.runners.counted"
 def wait_until(
     predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.2
 ) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+    """``tests.waiting.wait_for`` under the fault suite's argument names."""
+    return wait_for(predicate, timeout=timeout, interval=interval, message=what)
 
 
 # --- The private services, once per session --------------------------------------------------
@@ -354,21 +349,27 @@ class Stack:
         has finished for ``stall_s`` after ``timeout`` (a backlog on a loaded
         machine drains slowly, but it drains: stuck is no progress), or at
         ``cap_s``. ``unfinished`` says what is left."""
-        start = last_progress = time.monotonic()
-        done_before = -1
-        while True:
+        start = time.monotonic()
+        progress = {"done": -1, "at": start}
+
+        def settled():
             states = self.states(ids)
             finished = sum(1 for s in states.values() if s in TERMINAL)
             if finished == len(ids) and len(states) == len(ids):
-                return states
+                return (states,)  # a tuple: no ids, an empty dict, is an answer too
             if "recovering" in states.values():
-                return states
+                return (states,)
             now = time.monotonic()
-            if finished > done_before:
-                done_before, last_progress = finished, now
-            if now - start > cap_s or (now - start > timeout and now - last_progress > stall_s):
-                return states
-            time.sleep(0.5)
+            if finished > progress["done"]:
+                progress.update(done=finished, at=now)
+            stalled = now - start > timeout and now - progress["at"] > stall_s
+            return (states,) if now - start > cap_s or stalled else None
+
+        # Past cap_s the predicate answers: the helper's own deadline is a backstop.
+        (states,) = wait_for(
+            settled, timeout=cap_s + 60, interval=0.5, message="the tickets to settle"
+        )
+        return states
 
     def audit(self) -> dict:
         """``manage.py audit_ledger --json`` on this stack's database, run in
