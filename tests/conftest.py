@@ -329,6 +329,38 @@ class Processes:
             self.kill(name)
 
 
+# --- The waits' listener (tickets/waits.py) -----------------------------------------------
+
+
+def waiting_on(key: str) -> bool:
+    """Whether a wait on ticket ``key`` (or ``ANY``) in this process has subscribed."""
+    from tickets import waits  # an app module: imported once the apps are loaded
+
+    with waits._hub._lock:
+        return bool(waits._hub._waiters.get(key))
+
+
+def listener_wakeups(n: int) -> None:
+    """Commit ``n`` notifications of tickets nobody waits on, one at a time,
+    and wait until this process's listener has handed each on. A wait still
+    waiting afterwards was woken by none of them: what a test of "it keeps
+    waiting" observes, in place of sleeping a while."""
+    import uuid
+
+    from tickets import waits  # an app module: imported once the apps are loaded
+
+    any_change = waits._hub.subscribe(waits.ANY)
+    assert any_change is not None, "the listener is down"
+    try:
+        for _ in range(n):
+            any_change.clear()
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_notify(%s, %s)", [waits.TICKET_CHANNEL, str(uuid.uuid4())])
+            assert any_change.wait(10), "the listener did not hand on a notification"
+    finally:
+        waits._hub.unsubscribe(waits.ANY, any_change)
+
+
 def purge_broker() -> None:
     import redis
 

@@ -17,6 +17,7 @@ from django.test import Client
 from console.owners import create_owner
 from core.dispatch import DISPATCH_CHANNEL
 from endpoints import runtime
+from tests.conftest import listener_wakeups, wait_for, waiting_on
 from tickets import lifecycle, waits
 from tickets import selectors as ticket_selectors
 from tickets.admission import admit_ticket
@@ -72,13 +73,7 @@ class Watch:
 
 def wait_until_waiting(key: str, deadline_s: float = 10) -> None:
     """Until a watch on ``key`` has subscribed (it then waits)."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        with waits._hub._lock:
-            if waits._hub._waiters.get(key):
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"no watch on {key} is waiting")
+    wait_for(lambda: waiting_on(key), timeout=deadline_s, message=f"a watch on {key} to wait")
 
 
 def test_a_watch_sleeps_until_the_tickets_event_commits(olive):
@@ -86,7 +81,7 @@ def test_a_watch_sleeps_until_the_tickets_event_commits(olive):
     token = ticket_selectors.change_token(ticket.id)
     watch = Watch(olive, ticket=str(ticket.id), token=token)
     wait_until_waiting(str(ticket.id))
-    time.sleep(0.5)  # it keeps waiting: nothing changed
+    listener_wakeups(20)  # it keeps waiting: nothing of its ticket changed
     assert watch.answer is None
     lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="watch me")
     answer = watch.result(timeout=10).json()

@@ -25,6 +25,9 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 # the deadline; 2 sweep intervals are 1 s.
 STUBBORN = dict(turn_budget_s=1, interrupt_grace_s=1)
 RUNNER = {"kind": "python", "path": "endpoints.demo.stubborn", "kill_after_s": 0.5}
+# The same, announcing (a file) once its callable runs and ignores SIGTERM.
+READY_RUNNER = {**RUNNER, "path": "tests.endpoints.ready_runners.stubborn"}
+READY_SLEEP = "tests.endpoints.ready_runners.sleep"
 
 
 def state_of(ticket_id) -> str:
@@ -158,23 +161,24 @@ def test_the_stop_window_covers_the_escalation_only_for_isolated_turns():
 @pytest.mark.parametrize(
     ("runner", "evidence", "signals", "group"),
     [
-        ({"kind": "python", "path": "endpoints.demo.sleep"}, "runner_returned", [], True),
-        (RUNNER, "process_exit", ["SIGTERM", "SIGKILL"], True),
+        ({"kind": "python", "path": READY_SLEEP}, "runner_returned", [], True),
+        (READY_RUNNER, "process_exit", ["SIGTERM", "SIGKILL"], True),
         # Only the main process hears it: it passes the stop to the pool
         # process that runs the turn.
-        (RUNNER, "process_exit", ["SIGTERM", "SIGKILL"], False),
+        (READY_RUNNER, "process_exit", ["SIGTERM", "SIGKILL"], False),
     ],
     ids=["honouring", "stubborn-isolated", "stubborn-isolated-main-only"],
 )
 def test_sigterm_stops_the_running_turn_with_evidence_and_exits_in_time(
-    celery_procs, make_endpoint, runner, evidence, signals, group
+    celery_procs, make_endpoint, tmp_path, runner, evidence, signals, group
 ):
     _workers(celery_procs, 1)
     grace = 1
     make_endpoint("iso.term", runner=runner, turn_budget_s=300, interrupt_grace_s=grace)
-    t = admit_ticket(endpoint="iso.term", input={"seconds": 120}).ticket
-    wait_for(lambda: state_of(t.id) == "running", timeout=30, message="the turn to start")
-    time.sleep(0.5)  # let the isolated child start its callable (and ignore SIGTERM)
+    ready = tmp_path / "ready"
+    t = admit_ticket(endpoint="iso.term", input={"seconds": 120, "ready_file": str(ready)}).ticket
+    wait_for(ready.exists, timeout=30, message="the isolated child to run its callable")
+    assert state_of(t.id) == "running"
     proc = celery_procs.procs.pop("turns")
     started = time.monotonic()
     (os.killpg if group else os.kill)(proc.pid, signal.SIGTERM)

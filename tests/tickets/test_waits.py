@@ -5,13 +5,13 @@ while it waits. Real PostgreSQL."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from endpoints import runtime
+from tests.conftest import listener_wakeups, wait_for, waiting_on
 from tickets import selectors, waits
 from tickets.admission import admit_ticket
 from tickets.api import wait_for_terminal
@@ -29,10 +29,9 @@ def test_a_waiter_is_woken_by_the_terminal_transition_without_polling(make_endpo
     make_endpoint("waited")
     ticket = admit_ticket(endpoint="waited", input={}).ticket
     result: dict = {}
+    statements = []
 
     def waiter():
-        statements = []
-
         def count(execute, sql, params, many, context):
             statements.append(sql)
             return execute(sql, params, many, context)
@@ -50,14 +49,21 @@ def test_a_waiter_is_woken_by_the_terminal_transition_without_polling(make_endpo
     per_load = len(one_load.captured_queries)
     thread = threading.Thread(target=waiter)
     thread.start()
-    time.sleep(2.0)  # the waiter waits a while: a poller would read many times
+    wait_for(
+        lambda: waiting_on(str(ticket.id)) and len(statements) >= per_load,
+        message="the waiter to subscribe and read",
+    )
+    read = len(statements)
+    # Subscribed on the listener (not the fallback poll), it waits on: commits
+    # of other tickets' events, each handed on by the listener, cost it no read.
+    listener_wakeups(20)
+    assert thread.is_alive() and len(statements) == read, (len(statements), read)
     runtime.run_ticket(ticket_id=ticket.id)
     thread.join(timeout=30)
     assert not thread.is_alive(), "the waiter was not woken by the terminal transition"
     assert result["ticket"].state == "succeeded"
     # Read when subscribed and once per commit that wrote the ticket an event
-    # (the turn's start and its finish; the first load is the caller's): a
-    # poller would have read every 20-500 ms for two seconds.
+    # (the turn's start and its finish; the first load is the caller's).
     assert result["statements"] <= 3 * per_load, (result["statements"], per_load)
 
 
