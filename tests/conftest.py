@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -311,6 +312,16 @@ class Processes:
     def log(self, name: str) -> bytes:
         path = self.tmp / f"{name}.log"
         return path.read_bytes() if path.exists() else b""
+
+    def runs(self, name: str, *tasks: str) -> int:
+        """How many runs of ``tasks`` process ``name`` has logged as done
+        (Celery's INFO line "Task <name>[<id>] succeeded"): a test that
+        checks something holds across sweeps counts them, not seconds."""
+        log = self.log(name)
+        return sum(
+            len(re.findall(rb"Task " + re.escape(t.encode()) + rb"\[[^]]*\] succeeded", log))
+            for t in tasks
+        )
 
     def kill(self, name: str, sig=signal.SIGTERM) -> None:
         proc = self.procs.pop(name, None)

@@ -7,7 +7,6 @@ import signal
 import sys
 import textwrap
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -22,6 +21,10 @@ from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+# The sweeps that would dispatch, replay or stop a turn (core/sweeps.py).
+SWEEPS = ("endpoints.sweep_budgets", "endpoints.sweep_lost_dispatches")
 
 
 def state_of(ticket_id) -> str:
@@ -46,7 +49,10 @@ def test_sleep_over_budget_stops_cooperatively_and_the_next_ticket_runs(worker, 
 
 
 @pytest.mark.integration
-def test_stuck_over_budget_is_quarantined_and_fails_closed(worker, make_endpoint, api):
+def test_stuck_over_budget_is_quarantined_and_fails_closed(celery_procs, make_endpoint, api):
+    worker = celery_procs
+    worker.env["LOG_LEVEL"] = "DEBUG"  # the sweeps' runs are DEBUG lines (core/logs.py)
+    worker.worker_and_beat()
     make_endpoint("glue", path="endpoints.demo.stuck", turn_budget_s=1, interrupt_grace_s=1)
     stuck = api.post(
         "/tickets", {"endpoint": "glue", "input": {"seconds": 6}, "dedupe_key": "s1"}
@@ -84,21 +90,27 @@ def test_stuck_over_budget_is_quarantined_and_fails_closed(worker, make_endpoint
     )
     ev = CaseEvidence.objects.get(case=case)
     assert ev.seq == turn.seq and ev.kind.startswith("late_")
-    # Quarantine holds over many sweep intervals (0.5 s each), whatever arrives.
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
+    # Quarantine holds over many sweeps, whatever arrives.
+    swept = worker.runs("turns", *SWEEPS)
+
+    def holds_over_sweeps():
         assert Endpoint.objects.get(address="glue").state == "quarantined"
         assert state_of(queued["id"]) == "queued"  # never dispatched
         assert state_of(stuck["id"]) == "recovering"
-        time.sleep(0.25)
+        return worker.runs("turns", *SWEEPS) >= swept + 6
+
+    wait_for(holds_over_sweeps, timeout=30, message="six sweeps with the quarantine holding")
     assert Turn.objects.get(id=turn.id).state == "uncertain"
     assert RecoveryCase.objects.filter(endpoint__address="glue").count() == 1
 
 
 @pytest.mark.integration
 def test_worker_killed_mid_turn_ends_in_quarantine_without_replay(celery_procs, make_endpoint):
-    # Sweeps and beat live apart from the worker that dies.
+    # Sweeps and beat live apart from the worker that dies; their runs are
+    # DEBUG lines (core/logs.py), which the test counts.
+    celery_procs.env["LOG_LEVEL"] = "DEBUG"
     celery_procs.control_and_beat()
+    celery_procs.env.pop("LOG_LEVEL")
     celery_procs.worker("turns", queues="turns", concurrency=1)
     make_endpoint(
         "fragile",
@@ -120,10 +132,13 @@ def test_worker_killed_mid_turn_ends_in_quarantine_without_replay(celery_procs, 
     assert "heartbeat" in case.reason
     # A new worker comes up: no automatic replay of the uncertain ticket.
     celery_procs.worker("turns2", queues="turns", concurrency=1)
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
+    swept = celery_procs.runs("control", *SWEEPS)
+
+    def holds_over_sweeps():
         assert state_of(ticket.id) == "recovering"
-        time.sleep(0.25)
+        return celery_procs.runs("control", *SWEEPS) >= swept + 6
+
+    wait_for(holds_over_sweeps, timeout=30, message="six sweeps with the ticket held")
     running = TicketEvent.objects.filter(ticket=ticket, to_state="running")
     assert running.count() == 1
     assert Turn.objects.filter(ticket=ticket).count() == 1
@@ -134,7 +149,7 @@ SIGTERM_IGNORER = textwrap.dedent(
     import signal, sys, time
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.stdin.read()
-    time.sleep(120)
+    time.sleep(120)  # the behaviour under test: a command's own work, deaf to SIGTERM
     """
 )
 

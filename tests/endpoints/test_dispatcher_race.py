@@ -12,9 +12,9 @@ what is under test; the ledger's marks and the lock rows are)."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-import time
 import uuid
 from collections import Counter
 from unittest import mock
@@ -25,6 +25,7 @@ from django.db import close_old_connections, connections
 from endpoints import runtime
 from endpoints.dispatcher import Dispatcher
 from endpoints.models import Turn
+from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import TERMINAL_STATES, Ticket, TicketEvent
 
@@ -91,21 +92,25 @@ def test_no_committed_ticket_is_left_without_a_dispatch_and_none_starts_twice(
         for t in admitters:
             t.join()
         total = ADMITTERS * PER_ADMITTER
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not errors:
+
+        def all_done_or_an_error():
             done = Ticket.objects.filter(
                 endpoint__address__startswith="race-", state__in=TERMINAL_STATES
-            ).count()
-            if done == total:
-                break
-            time.sleep(0.1)
-        stop.set()
-        for d in dispatchers:
-            d.stop()
-        for t in workers:
-            t.join()
-        for d in dispatchers:
-            d.join(timeout=10)
+            )
+            return errors or done.count() == total
+
+        try:
+            # At the deadline the assertions below say what was left.
+            with contextlib.suppress(AssertionError):
+                wait_for(all_done_or_an_error, timeout=120, interval=0.1, message="the race")
+        finally:
+            stop.set()
+            for d in dispatchers:
+                d.stop()
+            for t in workers:
+                t.join()
+            for d in dispatchers:
+                d.join(timeout=10)
     assert not errors, errors
     tickets = Ticket.objects.filter(endpoint__address__startswith="race-")
     assert tickets.count() == total

@@ -7,7 +7,6 @@ database."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection
@@ -62,10 +61,17 @@ def test_turns_of_one_process_share_one_heartbeat_thread_each_on_its_own_interva
     finally:
         for h in handles:
             h.stop()
-    # Stopped: no more beats (one under way when stop ran may still land).
-    time.sleep(0.3)
+    # Stopped: no more beats. A beat under way when stop ran may still land;
+    # the thread closes its session once it has, and then sleeps with nothing
+    # scheduled, until a turn is added.
+    thread = heartbeats._thread()
+    wait_for(
+        lambda: not thread._connected and thread._wake_at == float("inf"),
+        timeout=10,
+        message="the heartbeat thread idle, its session closed",
+    )
     stopped = {t.id: Turn.objects.get(id=t.id).heartbeat_at for t, _, _ in beaters}
-    time.sleep(0.5)
+    assert not thread._beats and thread._wake_at == float("inf")
     assert {t.id: Turn.objects.get(id=t.id).heartbeat_at for t, _, _ in beaters} == stopped
 
 

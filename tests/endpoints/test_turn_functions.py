@@ -8,7 +8,6 @@ the rows each reads, whatever the backlog."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection, connections, transaction
@@ -17,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from endpoints import runtime
 from endpoints.models import ContextEntry, Endpoint, EndpointLock, Turn
 from endpoints.runners import Outcome
+from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Delivery, Ticket, TicketEvent
 
@@ -212,10 +212,9 @@ def test_a_start_waiting_on_a_quarantine_starts_nothing(make_endpoint):
         return runtime.start_turn(ticket_id=ticket.id)
 
     def referee():
-        deadline = time.monotonic() + 20
-        while not _someone_waits_on_a_lock():
-            assert time.monotonic() < deadline, "the start never waited on the endpoint row"
-            time.sleep(0.02)
+        wait_for(
+            _someone_waits_on_a_lock, timeout=20, message="the start to wait on the endpoint row"
+        )
         release.set()
 
     results = _threads(quarantine, start, referee)
@@ -269,10 +268,7 @@ def test_a_start_waiting_on_a_finish_holds_the_lock_it_finds_free(make_endpoint)
         return runtime.start_turn(ticket_id=second.id)
 
     def referee():
-        deadline = time.monotonic() + 20
-        while not _someone_waits_on_a_lock():
-            assert time.monotonic() < deadline, "the start never waited on the lock row"
-            time.sleep(0.02)
+        wait_for(_someone_waits_on_a_lock, timeout=20, message="the start to wait on the lock row")
         release.set()
 
     done, started, _ = _threads(finish, start, referee)
