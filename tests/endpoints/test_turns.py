@@ -188,10 +188,11 @@ GROUP_SCRIPT = textwrap.dedent(
     """
     import json, os, subprocess, sys, time
     sys.stdin.read()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    work = "import time; time.sleep(120)"  # the behaviour under test: a child's own work
+    child = subprocess.Popen([sys.executable, "-c", work])
     with open(sys.argv[1], "w") as f:
         json.dump({"leader": os.getpid(), "child": child.pid}, f)
-    time.sleep(120)
+    time.sleep(120)  # the behaviour under test: a command's own work
     """
 )
 

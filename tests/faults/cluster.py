@@ -105,7 +105,7 @@ class PrivatePostgres:
     def restart(self, down_s: float = 0.0, mode: str = "fast") -> None:
         self.stop(mode)
         if down_s:
-            time.sleep(down_s)
+            time.sleep(down_s)  # the behaviour under test: the server down this long
         self.start()
 
     def is_up(self) -> bool:

@@ -31,7 +31,7 @@ def counted(ctx: TurnContext) -> dict[str, Any]:
     _count(ctx)
     seconds = float(ctx.input.get("seconds", 0.2))
     if ctx.input.get("ignore_interrupts"):
-        time.sleep(seconds)
+        time.sleep(seconds)  # the behaviour under test: a turn's own work, deaf to interrupts
         return {"worked_s": seconds, "interrupted": False}
     interrupted = ctx.wait_interrupted(seconds)
     return {"worked_s": seconds, "interrupted": interrupted}

@@ -289,10 +289,10 @@ def test_redis_down_for_ten_seconds_loses_nothing(stack, record_figures):
         load.wait_for_count(10)
         load.mark("down")
         stack.redis.stop()
-        time.sleep(10)
+        time.sleep(10)  # the behaviour under test: the broker down for 10 s under load
         stack.redis.start()
         load.mark("up")
-        time.sleep(6)
+        time.sleep(6)  # the behaviour under test: the load goes on after the broker is back
     finally:
         load.stop()
     acknowledged = load.acknowledged
@@ -360,10 +360,10 @@ def test_postgres_restart_under_load_is_clear_503s_then_recovery(stack, record_f
         load.wait_for_count(10)
         load.mark("down")
         stack.pg.stop("fast")
-        time.sleep(5)
+        time.sleep(5)  # the behaviour under test: PostgreSQL down for 5 s under load
         stack.pg.start()
         load.mark("up")
-        time.sleep(8)
+        time.sleep(8)  # the behaviour under test: the load goes on after PostgreSQL is back
     finally:
         load.stop()
     acknowledged = load.acknowledged
