@@ -92,19 +92,15 @@ class _ChildChannel:
 
 # --- The warm child ---------------------------------------------------------------------
 
-# The fields of a TurnContext that cross the pipe (the rest are the
-# supervisor's callables, which the child replaces with requests).
-_CONTEXT_FIELDS = (
-    "ticket_id",
-    "turn_id",
-    "seq",
-    "endpoint",
-    "input",
-    "deadline",
-    "runner",
-    "interrupt_grace_s",
-    "token",
-    "_history_rows",
+# The fields of a TurnContext that cross the pipe: every plain one (a field
+# added to the context reaches an isolated turn as it reaches an inline
+# one), and the history rows when the supervisor already has them; the
+# other underscored fields are the supervisor's callables, which the child
+# replaces with requests.
+_CONTEXT_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(TurnContext)
+    if not f.name.startswith("_") or f.name == "_history_rows"
 )
 _TURN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1)
 
