@@ -108,7 +108,7 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "POST /endpoints": {404},  # an unknown owner
     "GET /endpoints": set(),
     "GET /endpoints/{address}": set(),
-    "PATCH /endpoints/{address}": set(),
+    "PATCH /endpoints/{address}": {409},  # stale_generation
     "POST /endpoints/{address}/pause": set(),
     "POST /endpoints/{address}/resume": set(),
     "POST /workers/{name}/consuming": set(),
