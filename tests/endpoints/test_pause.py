@@ -11,7 +11,7 @@ import time
 
 import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from accounts.keys import create_api_key
 from core.errors import EndpointPaused, Forbidden, Invalid
@@ -19,6 +19,7 @@ from endpoints import runtime, services
 from endpoints.models import Endpoint, EndpointEvent, EndpointLock, Turn
 from endpoints.runners import Outcome
 from recovery import services as recovery_services
+from tests.racing import race
 from tests.recovery.conftest import drive_to_quarantine
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
@@ -42,32 +43,6 @@ def _pause(address, user, reason="maintenance window"):
 
 def _resume(address, user, reason="maintenance done"):
     return services.resume_endpoint(address=address, user=user, reason=reason)
-
-
-def _threads(*fns):
-    barrier = threading.Barrier(len(fns))
-    results: list = [None] * len(fns)
-    errors: list[BaseException] = []
-
-    def wrap(i, fn):
-        def run():
-            try:
-                barrier.wait(timeout=10)
-                results[i] = fn()
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-            finally:
-                connections.close_all()
-
-        return run
-
-    threads = [threading.Thread(target=wrap(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not errors, errors
-    return results
 
 
 def _someone_waits_on_a_lock() -> bool:
@@ -95,7 +70,7 @@ def test_a_pause_racing_a_start_either_lets_the_turn_run_or_starts_nothing(make_
         first = admit_ticket(endpoint=address, input={"n": 1}).ticket
         Ticket.objects.filter(id=first.id).update(needs_dispatch=False)
 
-        results = _threads(
+        results = race(
             lambda first=first: runtime.start_turn(ticket_id=first.id),
             lambda address=address: _pause(address, owner),
         )
@@ -158,7 +133,7 @@ def test_a_start_waiting_on_a_pause_starts_nothing(make_endpoint, owner):
             time.sleep(0.02)
         release.set()
 
-    results = _threads(pause, start, referee)
+    results = race(pause, start, referee)
     assert results[1] is None
     t = Ticket.objects.get(id=ticket.id)
     assert t.state == "queued" and t.needs_dispatch and t.turn_id is None
@@ -192,7 +167,7 @@ def test_a_pause_waiting_on_a_start_lets_its_turn_run(make_endpoint, owner):
             time.sleep(0.02)
         release.set()
 
-    started, (paused, changed), _ = _threads(start, pause, referee)
+    started, (paused, changed), _ = race(start, pause, referee)
     assert started is not None and changed and paused.paused_at is not None
     event = EndpointEvent.objects.get(endpoint=endpoint, kind="paused")
     assert event.detail["running_turn"] == str(started.turn.id)

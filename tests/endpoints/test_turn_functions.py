@@ -17,6 +17,7 @@ from endpoints import runtime
 from endpoints.models import ContextEntry, Endpoint, EndpointLock, Turn
 from endpoints.runners import Outcome
 from tests.conftest import wait_for
+from tests.racing import race
 from tickets.admission import admit_ticket
 from tickets.models import Delivery, Ticket, TicketEvent
 
@@ -120,32 +121,6 @@ def test_start_and_finish_are_one_statement_each(make_endpoint):
     assert Ticket.objects.get(id=ticket.id).state == "succeeded"
 
 
-def _threads(*fns):
-    barrier = threading.Barrier(len(fns))
-    results: list = [None] * len(fns)
-    errors: list[BaseException] = []
-
-    def wrap(i, fn):
-        def run():
-            try:
-                barrier.wait(timeout=10)
-                results[i] = fn()
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-            finally:
-                connections.close_all()
-
-        return run
-
-    threads = [threading.Thread(target=wrap(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not errors, errors
-    return results
-
-
 @pytest.mark.parametrize("same", [True, False], ids=["same-outcome", "other-outcome"])
 def test_two_finishes_of_one_turn_apply_once(make_endpoint, same):
     for round_ in range(5):
@@ -158,7 +133,7 @@ def test_two_finishes_of_one_turn_apply_once(make_endpoint, same):
                 turn_id=started.turn.id, seq=started.turn.seq, outcome=outcome, source="worker"
             )
 
-        results = _threads(lambda a=a: finish(a), lambda b=b: finish(b))
+        results = race(lambda a=a: finish(a), lambda b=b: finish(b))
         applied = [r for r in results if r.accepted and not r.duplicate]
         assert len(applied) == 1, results
         other = next(r for r in results if r is not applied[0])
@@ -217,7 +192,7 @@ def test_a_start_waiting_on_a_quarantine_starts_nothing(make_endpoint):
         )
         release.set()
 
-    results = _threads(quarantine, start, referee)
+    results = race(quarantine, start, referee)
     assert results[1] is None
     t = Ticket.objects.get(id=ticket.id)
     assert t.state == "queued" and t.needs_dispatch and t.turn_id is None
@@ -230,7 +205,7 @@ def test_starts_racing_on_one_endpoint_take_the_lock_once(make_endpoint):
     make_endpoint("start-race")
     ids = [admit_ticket(endpoint="start-race", input={"i": i}).ticket.id for i in range(4)]
     Ticket.objects.filter(id__in=ids).update(needs_dispatch=False)
-    results = _threads(*[(lambda i=i: runtime.start_turn(ticket_id=i)) for i in ids])
+    results = race(*[(lambda i=i: runtime.start_turn(ticket_id=i)) for i in ids])
     started = [r for r in results if r is not None]
     assert len(started) == 1
     # FIFO: the oldest queued ticket runs, whichever message got there.
@@ -271,7 +246,7 @@ def test_a_start_waiting_on_a_finish_holds_the_lock_it_finds_free(make_endpoint)
         wait_for(_someone_waits_on_a_lock, timeout=20, message="the start to wait on the lock row")
         release.set()
 
-    done, started, _ = _threads(finish, start, referee)
+    done, started, _ = race(finish, start, referee)
     assert done.accepted and started is not None
     assert started.ticket.id == second.id and started.turn.seq == first.turn.seq + 1
     lock = EndpointLock.objects.get(endpoint_id=first.endpoint.id)
