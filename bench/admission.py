@@ -137,7 +137,7 @@ def cte_params(keys: list[str]) -> list[dict]:
     from django.utils import timezone
 
     from core.canonical import canonical_json
-    from tickets.ids import new_id
+    from core.ids import new_id
 
     rows = []
     for key in keys:
@@ -330,7 +330,7 @@ def main() -> None:
     from endpoints.services import create_endpoint
 
     endpoint = create_endpoint(
-        address=ADDRESS, runner={"kind": "python", "path": "endpoints.demo.echo"}
+        address=ADDRESS, runner={"kind": "python", "path": "runtime.demo.echo"}
     )
     benchlib.seed_ledger(endpoint.id)
     # psycopg's defaults: server-side binding, prepared from the 5th execution.

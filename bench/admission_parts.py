@@ -138,7 +138,7 @@ def main() -> None:
     from endpoints.services import create_endpoint
 
     endpoint = create_endpoint(
-        address=ADDRESS, runner={"kind": "python", "path": "endpoints.demo.echo"}
+        address=ADDRESS, runner={"kind": "python", "path": "runtime.demo.echo"}
     )
     benchlib.seed_ledger(endpoint.id)
     conn = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)

@@ -13,7 +13,7 @@ Three endpoints, each process-isolated (the slot's warm turn process, as on a wo
 - openai_agents: the same on the OpenAI Agents SDK with a local fake Model
   (tests/agents/openai_agent.py).
 
-Each rep runs N tickets per endpoint through ``runtime.run_ticket`` in this
+Each rep runs N tickets per endpoint through ``turns.run_ticket`` in this
 process (the worker's code path without the broker: start, fork, run,
 finish), one endpoint after the other, the order rotating between reps. A
 figure is the median per-turn time over reps; the overhead is agent minus
@@ -36,7 +36,7 @@ from bench import benchlib  # noqa: E402
 
 RUNNERS = {
     "python": {"kind": "python", "path": "bench.agent_parts.remember"},
-    "pydantic_ai": {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.agent"},
+    "pydantic_ai": {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"},
     "openai_agents": {
         "kind": "agent",
         "framework": "openai_agents",
@@ -47,7 +47,7 @@ RUNNERS = {
 
 def one_round(name: str, n: int, rep: int) -> float:
     """Seconds per turn for N tickets on one endpoint."""
-    from endpoints import runtime
+    from runtime import turns
     from tickets.admission import admit_ticket
     from tickets.models import Ticket
 
@@ -56,7 +56,7 @@ def one_round(name: str, n: int, rep: int) -> float:
         ticket = admit_ticket(
             endpoint=f"bench.agent-{name}", input={"prompt": f"remember {rep}-{i}"}
         ).ticket
-        runtime.run_ticket(ticket_id=ticket.id)
+        turns.run_ticket(ticket_id=ticket.id)
         state = Ticket.objects.values_list("state", flat=True).get(id=ticket.id)
         assert state == "succeeded", (name, state)
     return (time.perf_counter() - began) / n
@@ -75,10 +75,10 @@ def main() -> None:
 
     from django.conf import settings
 
-    from endpoints.agents.runner import preload
     from endpoints.services import create_endpoint
+    from runtime.agents.runner import preload
 
-    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["endpoints.demo.", "bench.", "tests."]
+    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["runtime.demo.", "bench.", "tests."]
     for name, runner in RUNNERS.items():
         create_endpoint(address=f"bench.agent-{name}", runner=runner)
         if runner["kind"] == "agent":

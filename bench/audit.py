@@ -43,11 +43,10 @@ FROM generate_series(1, %(n)s) AS g;
 
 INSERT INTO endpoints_endpoint (id, address, runner, turn_budget_s, interrupt_grace_s,
     heartbeat_timeout_s, requires_approval, busy_policy, state, turn_seq, created_at, updated_at)
-SELECT e, 'bench.audit-' || e, '{"kind": "python", "path": "endpoints.demo.echo"}', 300, 10, 30,
+SELECT e, 'bench.audit-' || e, '{"kind": "python", "path": "runtime.demo.echo"}', 300, 10, 30,
     false, 'enqueue', 'available', 0, %(base)s, %(base)s
 FROM generate_series(1, %(e)s) AS e;
 SELECT setval(pg_get_serial_sequence('endpoints_endpoint', 'id'), %(e)s);
-INSERT INTO endpoints_endpointlock (endpoint_id) SELECT id FROM endpoints_endpoint;
 INSERT INTO endpoints_endpointgeneration (
     endpoint_id, number, config, changes, actor, reason, first_seq, at)
 SELECT id, 1, jsonb_build_object('runner', runner, 'turn_budget_s', turn_budget_s,
@@ -70,7 +69,7 @@ SELECT (ms_hex || '7000' || '8000' || g_hex)::uuid, endpoint_id, 'k' || g, md5(g
     started_at + interval '5 milliseconds', 3
 FROM g;
 
-INSERT INTO endpoints_turn (id, endpoint_id, ticket_id, seq, state, runner_kind,
+INSERT INTO runtime_turn (id, endpoint_id, ticket_id, seq, state, runner_kind,
     celery_task_id, worker, started_at, heartbeat_at, deadline_at, interrupt_reason, ended_at)
 SELECT (ms_hex || '7000' || '9000' || g_hex)::uuid, endpoint_id,
     (ms_hex || '7000' || '8000' || g_hex)::uuid, seq,
@@ -78,7 +77,7 @@ SELECT (ms_hex || '7000' || '9000' || g_hex)::uuid, endpoint_id,
     started_at, started_at + interval '300 seconds', '', started_at + interval '5 milliseconds'
 FROM g;
 
-INSERT INTO endpoints_contextentry (endpoint_id, turn_id, ticket_id, seq, input, result,
+INSERT INTO runtime_contextentry (endpoint_id, turn_id, ticket_id, seq, input, result,
     artifacts, created_at)
 SELECT endpoint_id, (ms_hex || '7000' || '9000' || g_hex)::uuid,
     (ms_hex || '7000' || '8000' || g_hex)::uuid, seq, jsonb_build_object('n', g),
@@ -100,7 +99,7 @@ FROM g CROSS JOIN LATERAL (VALUES
 ORDER BY g, ev.n;
 
 UPDATE endpoints_endpoint e SET turn_seq = m.top
-FROM (SELECT endpoint_id, max(seq) AS top FROM endpoints_turn GROUP BY endpoint_id) m
+FROM (SELECT endpoint_id, max(seq) AS top FROM runtime_turn GROUP BY endpoint_id) m
 WHERE m.endpoint_id = e.id;
 """
 
@@ -158,7 +157,7 @@ def main() -> int:
             conn.execute("VACUUM ANALYZE")
             sizes = conn.execute(
                 "SELECT (SELECT count(*) FROM tickets_ticket),"
-                " (SELECT count(*) FROM endpoints_turn),"
+                " (SELECT count(*) FROM runtime_turn),"
                 " (SELECT count(*) FROM tickets_ticketevent),"
                 " pg_size_pretty(pg_database_size(current_database()))"
             ).fetchone()

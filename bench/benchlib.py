@@ -163,14 +163,14 @@ def seed_ledger(endpoint_id: int, tickets: int = SEED_TICKETS) -> None:
             {"endpoint": endpoint_id},
         )
         # Their turns and context entries: every turn's statements check
-        # foreign keys to endpoints_turn, and PostgreSQL keeps the plan of
+        # foreign keys to runtime_turn, and PostgreSQL keeps the plan of
         # such a check for the life of the connection. Planned on an empty
         # turn table it is a sequential scan, which the workers' long-lived
         # connections (CELERY_DB_REUSE_MAX) then ran over every turn of the
         # run: 5.8 ms per check after 1,000 turns (bench/README.md, round 5).
         conn.execute(
             """
-            INSERT INTO endpoints_turn (
+            INSERT INTO runtime_turn (
                 id, endpoint_id, ticket_id, seq, state, runner_kind, celery_task_id, worker,
                 started_at, heartbeat_at, deadline_at, interrupt_reason, ended_at, token_sha256)
             SELECT gen_random_uuid(), endpoint_id, id,
@@ -182,18 +182,18 @@ def seed_ledger(endpoint_id: int, tickets: int = SEED_TICKETS) -> None:
         )
         conn.execute(
             """
-            INSERT INTO endpoints_contextentry (
+            INSERT INTO runtime_contextentry (
                 endpoint_id, turn_id, ticket_id, seq, input, result, artifacts, created_at)
             SELECT u.endpoint_id, u.id, u.ticket_id, u.seq, t.input, t.result, '[]'::jsonb,
                 u.ended_at
-            FROM endpoints_turn u JOIN tickets_ticket t ON t.id = u.ticket_id
+            FROM runtime_turn u JOIN tickets_ticket t ON t.id = u.ticket_id
             WHERE u.endpoint_id = %(endpoint)s
             """,
             {"endpoint": endpoint_id},
         )
         conn.execute(
             "UPDATE endpoints_endpoint SET turn_seq = "
-            "(SELECT max(seq) FROM endpoints_turn WHERE endpoint_id = %(endpoint)s) "
+            "(SELECT max(seq) FROM runtime_turn WHERE endpoint_id = %(endpoint)s) "
             "WHERE id = %(endpoint)s",
             {"endpoint": endpoint_id},
         )

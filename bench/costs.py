@@ -5,7 +5,7 @@ Four operations, each N times in this process on ``claimcheck_bench_costs``
 (seeded with 20,000 finished tickets first, like admission.py):
 
 - `admission`: `admit_ticket` of a root ticket with a new dedupe key;
-- `turn`: `run_ticket` of such a ticket: start, the `endpoints.demo.echo`
+- `turn`: `run_ticket` of such a ticket: start, the `runtime.demo.echo`
   runner inline, finish (the finish opens the ticket's pull delivery);
 - `turn_with_callback`: `run_ticket` of a child with `return_to`: the
   finish also admits the callback ticket;
@@ -287,8 +287,8 @@ def main() -> None:
     from django.db import connection
 
     from config.celery import app
-    from endpoints.runtime import run_ticket
     from endpoints.services import create_endpoint
+    from runtime.turns import run_ticket
     from tickets import delivery
     from tickets.admission import admit_ticket
     from tickets.models import Delivery, Ticket
@@ -296,7 +296,7 @@ def main() -> None:
     # Inline: the database's work is the same either way, and a forked child's
     # CPU would not show in this thread's time (bench/turns.py measures what
     # process isolation adds per turn).
-    runner = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
+    runner = {"kind": "python", "path": "runtime.demo.echo", "isolation": "inline"}
     ep = create_endpoint(address=ADDRESS, runner=runner)
     create_endpoint(address=HOME, runner=runner)
     create_endpoint(address=ROOTS, runner=runner)

@@ -230,7 +230,7 @@ def main() -> None:
     from endpoints.services import create_endpoint
 
     # No worker serves it: every ticket stays queued, every wait_s waits it out.
-    create_endpoint(address=ADDRESS, runner={"kind": "python", "path": "endpoints.demo.echo"})
+    create_endpoint(address=ADDRESS, runner={"kind": "python", "path": "runtime.demo.echo"})
     _, victim = create_api_key(username="bench-victim")
     _, attacker = create_api_key(username="bench-attacker")
     connection.close()

@@ -15,7 +15,7 @@ WITH ep AS (
       AND e.state = 'available'
       AND NOT e.submit_restricted
       AND (e.busy_policy = 'enqueue' OR NOT EXISTS (
-            SELECT 1 FROM endpoints_endpointlock l
+            SELECT 1 FROM runtime_endpointlock l
             WHERE l.endpoint_id = e.id AND l.holder_id IS NOT NULL))
 ),
 ins AS (
@@ -55,7 +55,7 @@ SELECT t.id, t.endpoint_id, ep.address, false,
             WHERE ug.group_id = ep.owners_id AND ug.user_id = %(submitted_by_id)s),
     tu.seq, tu.state, rt.address, to_jsonb(t)
 FROM tickets_ticket t JOIN ep ON t.endpoint_id = ep.id
-LEFT JOIN endpoints_turn tu ON tu.id = t.turn_id
+LEFT JOIN runtime_turn tu ON tu.id = t.turn_id
 LEFT JOIN endpoints_endpoint rt ON rt.id = t.return_to_id
 WHERE t.dedupe_key = %(dedupe_key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """

@@ -179,7 +179,7 @@ def main() -> None:
     from endpoints.services import create_endpoint
 
     endpoint = create_endpoint(
-        address=ADDRESS, runner={"kind": "python", "path": "endpoints.demo.echo"}
+        address=ADDRESS, runner={"kind": "python", "path": "runtime.demo.echo"}
     )
     benchlib.seed_ledger(endpoint.id)
     _, api_key = create_api_key(username="bench-http")

@@ -19,7 +19,7 @@ from ninja import NinjaAPI, Schema
 
 from accounts.auth import ApiKeyAuth
 from config.urls import urlpatterns as project_urlpatterns
-from tickets.ids import new_id
+from core.ids import new_id
 
 floor_api = NinjaAPI(
     title="bench floor", version="bench", urls_namespace="bench_floor", docs_url=None

@@ -110,13 +110,14 @@ def main() -> None:
     from django.test import Client
 
     from endpoints.services import create_endpoint
-    from tickets import lifecycle, waits
+    from runtime.services import cancel_ticket
     from tickets import selectors as ticket_selectors
+    from tickets import waits
     from tickets.admission import admit_ticket
 
     settings.CONSOLE_LIVE_WAIT_S = 0.05
     logging.disable(logging.INFO)  # a login line per request otherwise
-    create_endpoint(address="bench.live", runner={"kind": "python", "path": "endpoints.demo.echo"})
+    create_endpoint(address="bench.live", runner={"kind": "python", "path": "runtime.demo.echo"})
     tickets = [
         admit_ticket(endpoint="bench.live", input={"n": i}).ticket.id for i in range(args.tickets)
     ]
@@ -153,7 +154,7 @@ def main() -> None:
 
     def cancel(ticket_id):
         def run():
-            lifecycle.cancel_ticket(ticket_id=ticket_id, actor="bench", reason="bench")
+            cancel_ticket(ticket_id=ticket_id, actor="bench", reason="bench")
             return time.perf_counter()
 
         return run

@@ -34,7 +34,7 @@ admitted work.
 (default 2), repetitions alternating the four:
 
 - ``claimcheck``: the turn pipeline exactly as bench/turns.py measures it (N
-  tickets over K = 20 endpoints whose runner is ``endpoints.demo.echo``, inline,
+  tickets over K = 20 endpoints whose runner is ``runtime.demo.echo``, inline,
   ``celery -A config worker -c C``; clock from the first admission to the last
   ``finished_at``);
 - ``celery``: raw Celery no-op tasks (bench/noop_app.py), the floor of turns.py;
@@ -323,7 +323,7 @@ def main() -> None:
 
     # Inline, as turns.py's pipeline (the peers run their no-ops in process
     # too); the default, the slot's warm turn process, is turns.py's "isolated".
-    runner = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
+    runner = {"kind": "python", "path": "runtime.demo.echo", "isolation": "inline"}
     endpoint = create_endpoint(address=adm.ADDRESS, runner=runner)
     for i in range(k):
         create_endpoint(address=turns.endpoint_address(i), runner=runner)

@@ -46,7 +46,7 @@ from django.core.management import call_command
 from accounts.keys import create_api_key
 from endpoints.services import create_endpoint
 call_command("migrate", "--no-input", verbosity=0)
-create_endpoint(address="pool.echo", runner={"kind": "python", "path": "endpoints.demo.echo"})
+create_endpoint(address="pool.echo", runner={"kind": "python", "path": "runtime.demo.echo"})
 _, key = create_api_key(username="pool-bench", staff=True)
 print(key)
 """

@@ -138,7 +138,7 @@ def main() -> None:
     from endpoints.services import create_endpoint
     from tickets.retention import COUNTS, KEEP_HISTORY, PruneReport
 
-    runner = {"kind": "python", "path": "endpoints.demo.echo"}
+    runner = {"kind": "python", "path": "runtime.demo.echo"}
     if not args.reuse:
         endpoints = [
             create_endpoint(address=f"bench.scale-{i:02d}", runner=runner).id

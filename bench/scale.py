@@ -17,7 +17,7 @@ ticket: admitted, turn_started, turn_completed or turn_failed with the
 outcome's digest and the delivery it opened, delivered or
 delivery_acknowledged), its turn, its context
 entry, its delivery (and the webhook's attempt) and its trace row; ids are
-UUIDv7 of the creation time, as ``tickets.ids.new_id`` makes them. Of every
+UUIDv7 of the creation time, as ``core.ids.new_id`` makes them. Of every
 100 tickets 4 failed and 1 was cancelled; half deliver by webhook; 1 in 200
 is a pull delivery nobody acknowledged (its obligation stays open, flagged
 overdue). The newest 100 tickets are queued; a 50-ticket trace (a root and 49
@@ -37,7 +37,7 @@ timed on each, alternating, and the median printed:
   its events, the 50-node lineage;
 - console, the same client logged in as that staff user: the dashboard and
   the ticket list (unfiltered; state=failed);
-- one pass of each sweep: ``endpoints.runtime.sweep_budgets``,
+- one pass of each sweep: ``runtime.turns.sweep_budgets``,
   ``sweep_lost_dispatches``, ``tickets.delivery.sweep_due_deliveries``,
   ``tickets.obligations.sweep_overdue`` (its first pass flags the 20 due
   obligations; later passes have nothing to do) and
@@ -182,7 +182,7 @@ INSERTS = [
     FROM s ORDER BY g DESC
     """,
     """
-    INSERT INTO endpoints_turn (
+    INSERT INTO runtime_turn (
         id, endpoint_id, ticket_id, seq, state, runner_kind, celery_task_id, worker,
         started_at, heartbeat_at, deadline_at, interrupt_reason, ended_at)
     SELECT turn_id, endpoint_id, id, seq,
@@ -193,7 +193,7 @@ INSERTS = [
     FROM s WHERE state IN ('succeeded', 'failed') ORDER BY g DESC
     """,
     """
-    INSERT INTO endpoints_contextentry (
+    INSERT INTO runtime_contextentry (
         endpoint_id, turn_id, ticket_id, seq, input, result, artifacts, created_at)
     SELECT s.endpoint_id, s.turn_id, s.id, s.seq, s.input, t.result, '[]'::jsonb,
         s.created + interval '190 ms'
@@ -421,7 +421,7 @@ def figures(ctx: dict) -> dict[str, Callable[[], object]]:
     """What is timed: name -> a callable doing it once."""
     from django.test import Client
 
-    from endpoints import runtime
+    from runtime import turns
     from tickets import callbacks, delivery, obligations
 
     api = Client(HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION=f"Bearer {ctx['api_key']}")
@@ -449,8 +449,8 @@ def figures(ctx: dict) -> dict[str, Callable[[], object]]:
         "console dashboard": get(console, "/"),
         "console ticket list": get(console, "/tickets/"),
         "console ticket list, failed": get(console, "/tickets/?state=failed"),
-        "sweep_budgets": runtime.sweep_budgets,
-        "sweep_lost_dispatches": runtime.sweep_lost_dispatches,
+        "sweep_budgets": turns.sweep_budgets,
+        "sweep_lost_dispatches": turns.sweep_lost_dispatches,
         "sweep_due_deliveries": delivery.sweep_due_deliveries,
         FIRST_PASS: obligations.sweep_overdue,
         "sweep_overdue, idle pass": obligations.sweep_overdue,
@@ -474,8 +474,8 @@ def _p95(values: list[float]) -> float:
 TABLES = [
     "tickets_ticket",
     "tickets_ticketevent",
-    "endpoints_turn",
-    "endpoints_contextentry",
+    "runtime_turn",
+    "runtime_contextentry",
     "tickets_delivery",
     "tickets_deliveryattempt",
     "tickets_trace",
@@ -596,7 +596,7 @@ def child(args) -> None:
     from endpoints.models import Endpoint
     from endpoints.services import create_endpoint
 
-    runner = {"kind": "python", "path": "endpoints.demo.echo"}
+    runner = {"kind": "python", "path": "runtime.demo.echo"}
     if reuse:  # what a --keep run left: its endpoints and users, a new key
         endpoints = list(
             Endpoint.objects.filter(address__startswith="bench.scale-")

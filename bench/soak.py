@@ -276,7 +276,7 @@ def ensure_endpoints(traffic: Traffic) -> None:
             "/endpoints",
             {
                 "address": address,
-                "runner": {"kind": "python", "path": "endpoints.demo.stuck", "isolation": "inline"},
+                "runner": {"kind": "python", "path": "runtime.demo.stuck", "isolation": "inline"},
                 "owners": ["demo"],
                 "turn_budget_s": 20,
                 "interrupt_grace_s": 5,
@@ -287,7 +287,7 @@ def ensure_endpoints(traffic: Traffic) -> None:
         "/endpoints",
         {
             "address": APPROVE,
-            "runner": {"kind": "python", "path": "endpoints.demo.echo"},
+            "runner": {"kind": "python", "path": "runtime.demo.echo"},
             "owners": ["demo"],
             "requires_approval": True,
         },

@@ -5,7 +5,7 @@ concurrency on the same broker, measured in the same run.
     .venv/bin/python bench/turns.py [-n 500] [-k 20] [--reps 3] [-c 2] [--profile]
 
 - pipeline: N tickets admitted with ``admit_ticket``, spread round-robin over K
-  endpoints whose runner is ``endpoints.demo.echo`` (one endpoint runs one
+  endpoints whose runner is ``runtime.demo.echo`` (one endpoint runs one
   turn at a time, so K bounds the parallelism), consumed by
   ``celery -A config worker -Q turns,control -c C``. The clock runs from just
   before the first admission to the latest ``finished_at`` of the N tickets;
@@ -111,7 +111,7 @@ def dispatch_latency(count: int, timeout: float) -> dict:
     starts the turn. Each ticket is waited on until terminal before the next."""
     from django.utils import timezone
 
-    from endpoints.models import Turn
+    from runtime.models import Turn
     from tickets.admission import admit_ticket
     from tickets.models import TERMINAL_STATES, Ticket
 
@@ -208,7 +208,7 @@ def probe_turns(
     from django.test.utils import CaptureQueriesContext
 
     from config.celery import app
-    from endpoints.runtime import run_ticket
+    from runtime.turns import run_ticket
     from tickets.admission import admit_ticket
 
     with mock.patch.object(app, "send_task", lambda *a, **kw: None), quiet_logs():
@@ -250,7 +250,7 @@ def probe_isolation(turns: int, blocks: int = 4) -> dict:
     goes first alternates too), so both see the same background load: ms of
     this process per turn in each mode."""
     from config.celery import app
-    from endpoints.runtime import run_ticket
+    from runtime.turns import run_ticket
     from tickets.admission import admit_ticket
 
     spent = {PROBE: 0.0, PROBE_ISO: 0.0}
@@ -297,7 +297,7 @@ def probe_beside_backlog(backlog: int) -> dict:
 
 def profile_turns(count: int) -> None:
     from config.celery import app
-    from endpoints.runtime import run_ticket
+    from runtime.turns import run_ticket
     from tickets.admission import admit_ticket
 
     with mock.patch.object(app, "send_task", lambda *a, **kw: None), quiet_logs():
@@ -346,8 +346,8 @@ def main() -> None:
 
     # The pipeline runs inline (the floor of the runtime itself); the same
     # tickets on process-isolated endpoints show what isolation costs.
-    runner = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
-    isolated = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "process"}
+    runner = {"kind": "python", "path": "runtime.demo.echo", "isolation": "inline"}
+    isolated = {"kind": "python", "path": "runtime.demo.echo", "isolation": "process"}
     for i in range(k):
         create_endpoint(address=endpoint_address(i), runner=runner)
         create_endpoint(address=endpoint_address(i, True), runner=isolated)

@@ -87,7 +87,7 @@ def main() -> None:
     from accounts.keys import create_api_key
     from endpoints.services import create_endpoint
 
-    create_endpoint(address=ADDRESS, runner={"kind": "python", "path": "endpoints.demo.echo"})
+    create_endpoint(address=ADDRESS, runner={"kind": "python", "path": "runtime.demo.echo"})
     _, key = create_api_key(username="bench-waiters")
     cookie = ""
     if args.console_tabs:

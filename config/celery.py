@@ -34,7 +34,7 @@ def _without_gossip_and_mingle(sender=None, **kwargs):
     """Every worker runs as with ``--without-gossip --without-mingle``, so no
     command can forget them. Gossip (worker-to-worker events) and mingle
     (state sync at start-up) serve nothing here: the ledger is the state, and
-    the workers' registry is in the database (endpoints/registry.py). Gossip
+    the workers' registry is in the database (runtime/registry.py). Gossip
     also took a turns worker down when Redis restarted: its consumer's
     restart closed the gossip channel on a connection that was gone
     (``Unrecoverable error: AttributeError("'NoneType' object has no

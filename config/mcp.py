@@ -25,7 +25,7 @@ request to it and back:
    loop in the thread (the ORM refuses to run beside one), and a wait holds
    this thread exactly as the API's ``wait_s`` does.
 
-Tools are declared by their app (``tickets/mcp.py``) and call the functions
+Tools are declared by their app (``tickets/mcp.py``, ``runtime/mcp.py``) and call the functions
 the API's routes call. This module validates their arguments with pydantic
 models (the API's own where a route has a body) and turns every error into
 a tool error carrying the API's documented code and status.
@@ -72,10 +72,11 @@ INSTRUCTIONS = (
 def tools() -> dict[str, Tool]:
     """Every app's tools by name, collected on first use (the apps' tool
     modules import this one)."""
+    from runtime.mcp import TOOLS as RUNTIME_TOOLS
     from tickets.mcp import TOOLS as TICKET_TOOLS
 
     found: dict[str, Tool] = {}
-    for tool in TICKET_TOOLS:
+    for tool in [*TICKET_TOOLS, *RUNTIME_TOOLS]:
         if tool.name in found:
             raise ValueError(f"MCP tool {tool.name!r} is declared twice")
         found[tool.name] = tool

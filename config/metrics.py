@@ -52,8 +52,9 @@ class LedgerCollector:
     def collect(self):
         from django.db.models import Count  # noqa: PLC0415
 
-        from endpoints.models import TURN_ACTIVE_STATES, Endpoint, EndpointLock, Turn  # noqa: PLC0415
+        from endpoints.models import Endpoint  # noqa: PLC0415
         from recovery.models import CaseState, RecoveryCase  # noqa: PLC0415
+        from runtime.models import TURN_ACTIVE_STATES, EndpointLock, Turn  # noqa: PLC0415
         from tickets.models import ObligationState, Ticket, TicketState  # noqa: PLC0415
 
         up = GaugeMetricFamily(

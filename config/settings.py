@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "accounts",
     "console",
     "endpoints",
+    "runtime",
     "tickets",
     "recovery",
     "health",
@@ -146,7 +147,7 @@ DATABASES["default"]["OPTIONS"].setdefault(
     "connect_timeout", env.int("DB_CONNECT_TIMEOUT_S", default=5)
 )
 # The sessions that LISTEN (the web's ticket waits, tickets/waits.py; the
-# workers' dispatcher, endpoints/dispatcher.py) must hold one server session
+# workers' dispatcher, runtime/dispatcher.py) must hold one server session
 # for their whole life: a notification reaches only the session that
 # listened. Behind PgBouncer in transaction mode point this at PostgreSQL
 # directly or at a session-mode pool (docs/deploy.md). Empty: DATABASE_URL.
@@ -166,13 +167,13 @@ DATABASE_APP_ROLE = env.str("DATABASE_APP_ROLE", default="") or (
 # A worker process that finishes a turn with more tickets queued on the
 # endpoint starts the next one itself (no broker round trip), for at most
 # this many turns and this many seconds from its first start; then it
-# publishes the next ticket for any free process (endpoints.runtime.run_ticket).
+# publishes the next ticket for any free process (runtime.turns.run_ticket).
 # TURN_CHAIN_MAX=1: every ticket goes through the broker.
 TURN_CHAIN_MAX = max(1, env.int("TURN_CHAIN_MAX", default=20))
 TURN_CHAIN_WINDOW_S = env.float("TURN_CHAIN_WINDOW_S", default=1.0)
 # A process-isolated turn runs in its worker slot's warm process, which is
 # replaced after this many turns (and after any interrupt, kill or a turn
-# that changed its environment): endpoints/isolation.py. 1: a fresh process
+# that changed its environment): runtime/isolation.py. 1: a fresh process
 # for every turn (still forked ahead, after the previous task).
 ISOLATION_RECYCLE_TURNS = max(1, env.int("ISOLATION_RECYCLE_TURNS", default=500))
 # API keys verified in this process are remembered this many seconds (0: off),
@@ -311,7 +312,7 @@ PROCESS_STOP_TIMEOUT_S = env.float("PROCESS_STOP_TIMEOUT_S", default=60.0)
 # A queued ticket of a free endpoint older than this is re-dispatched by beat
 # (its broker message was lost: broker flushed, publish failed after commit).
 REDISPATCH_AFTER_S = env.float("REDISPATCH_AFTER_S", default=10.0)
-# The dispatcher (endpoints/dispatcher.py; a thread of every worker that
+# The dispatcher (runtime/dispatcher.py; a thread of every worker that
 # consumes the control queue) publishes the turns admission marked as owed.
 # A NOTIFY wakes it; it also looks every DISPATCHER_POLL_S seconds, for a
 # notification lost while its LISTEN connection was down.
@@ -382,12 +383,12 @@ OBLIGATION_UPDATE_INTERVAL_S = env.int("OBLIGATION_UPDATE_INTERVAL_S", default=3
 
 # --- Runner allow-list (operator's, not staff's) --------------------------------
 # A python runner's path must lie inside one of these packages or modules
-# ("endpoints.demo." allows endpoints.demo.echo); a command runner's argv[0]
+# ("runtime.demo." allows runtime.demo.echo); a command runner's argv[0]
 # must be one of these executables, exactly as written (empty: no commands).
 # http runner URLs follow the webhook URL policy (DELIVERY_ALLOWED_HOSTS).
 # Checked when an endpoint is created or changed, and again before each turn.
 RUNNER_PYTHON_ALLOWED_PREFIXES = env.list(
-    "RUNNER_PYTHON_ALLOWED_PREFIXES", default=["endpoints.demo."]
+    "RUNNER_PYTHON_ALLOWED_PREFIXES", default=["runtime.demo."]
 )
 RUNNER_COMMAND_ALLOWED = env.list("RUNNER_COMMAND_ALLOWED", default=[])
 # Named secrets a runner may reference (core/secrets.py): a file of
@@ -396,7 +397,7 @@ RUNNER_COMMAND_ALLOWED = env.list("RUNNER_COMMAND_ALLOWED", default=[])
 RUNNER_SECRETS_FILE = env.str("RUNNER_SECRETS_FILE", default="")
 RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
 
-# Agent runners (endpoints/agents/): how much of the endpoint's history a turn
+# Agent runners (runtime/agents/): how much of the endpoint's history a turn
 # loads as the agent's conversation. The newest whole exchanges are kept
 # while they fit both caps (an exchange is never cut in half: a tool call
 # without its result is not a conversation a model accepts); the exchange a
@@ -481,7 +482,7 @@ METRICS_BEARER_TOKEN = env.str("METRICS_BEARER_TOKEN", default="")
 # that enforce budgets. `make run` starts a worker for each queue.
 CELERY_TASK_DEFAULT_QUEUE = "turns"
 CELERY_TASK_ROUTES = {
-    "endpoints.sweep_*": {"queue": "control"},
+    "runtime.sweep_*": {"queue": "control"},
     "tickets.sweep_*": {"queue": "control"},
     "tickets.deliver": {"queue": "control"},
     "tickets.prune_ledger": {"queue": "control"},

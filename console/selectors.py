@@ -24,10 +24,12 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from core.errors import Invalid
-from endpoints.models import Endpoint, EndpointAlias, EndpointEvent, EndpointState, Turn
-from endpoints.selectors import owned_endpoint_ids, workers_overview
+from endpoints.models import Endpoint, EndpointAlias, EndpointEvent, EndpointState
+from endpoints.selectors import owned_endpoint_ids
 from recovery.models import CaseEvidence, CaseState, Decision, Inspection, Lesson, RecoveryCase
 from recovery.selectors import tool_calls, visible_cases
+from runtime.models import Turn
+from runtime.selectors import workers_overview
 from tickets import selectors as ticket_selectors
 from tickets.models import (
     TERMINAL_STATES,
@@ -744,7 +746,7 @@ HOUR_TURN_CAP = 5000
 
 
 def uuid7_floor(moment: datetime) -> uuid.UUID:
-    """The smallest UUIDv7 of ``moment``'s millisecond (tickets.ids.new_id)."""
+    """The smallest UUIDv7 of ``moment``'s millisecond (core.ids.new_id)."""
     return uuid.UUID(int=int(moment.timestamp() * 1000) << 80)
 
 

@@ -31,13 +31,14 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from core.errors import DomainError, Invalid, InvalidSearch, NotFound
 from endpoints import generation_selectors
-from endpoints import services as endpoint_services
-from endpoints.selectors import endpoint_payload, is_owner, resolve_endpoint, sees_configuration
+from endpoints.selectors import is_owner, resolve_endpoint, sees_configuration
 from health.checks import readiness
 from recovery import selectors as recovery_selectors
 from recovery import services as recovery_services
 from recovery.models import CaseState
-from tickets import delivery, lifecycle, obligations, retry
+from runtime import services as runtime_services
+from runtime.selectors import endpoint_payload
+from tickets import delivery, obligations, retry
 from tickets import selectors as ticket_selectors
 from tickets.models import DeliveryState, ObligationState, TicketState
 
@@ -293,7 +294,7 @@ def ticket_bulk(request):
                     budget_s=budget,
                 )
             else:
-                lifecycle.cancel_ticket(
+                runtime_services.cancel_ticket(
                     ticket_id=ticket.id, actor=f"user:{request.user.username}", reason=reason
                 )
         except DomainError as exc:
@@ -402,7 +403,7 @@ def ticket_cancel(request, ticket_id):
         context = _ticket_context(request, ticket.id, cancel_error="A reason is required.")
         return page(request, "console/ticket_detail.html", context, region="ticket", status=REFUSED)
     try:
-        lifecycle.cancel_ticket(
+        runtime_services.cancel_ticket(
             ticket_id=ticket.id, actor=f"user:{request.user.username}", reason=reason[:2000]
         )
     except DomainError as exc:
@@ -550,7 +551,7 @@ def endpoint_pause(request, address):
     if not is_owner(request.user, endpoint):
         raise PermissionDenied("only the endpoint's owners may pause or resume it")
     resume = request.POST.get("action") == "resume"
-    act = endpoint_services.resume_endpoint if resume else endpoint_services.pause_endpoint
+    act = runtime_services.resume_endpoint if resume else runtime_services.pause_endpoint
     try:
         _, changed = act(
             address=endpoint.address, user=request.user, reason=request.POST.get("reason", "")
@@ -577,7 +578,7 @@ def _agent_context(request, endpoint) -> dict:
     (and staff) only; anyone else sees neither."""
     if endpoint.runner.get("kind") != "agent" or not is_owner(request.user, endpoint):
         return {}
-    from endpoints.agents import selectors as agent_selectors
+    from runtime.agents import selectors as agent_selectors
 
     turns = agent_selectors.conversation(endpoint, limit=CONSOLE_CONVERSATION_TURNS)
     for turn in turns:
@@ -594,7 +595,7 @@ def _agent_context(request, endpoint) -> dict:
 def agent_approval(request, address, ticket_id, call_id):
     """An owner approves or denies a pending tool call (the API's decision,
     from the endpoint page); the service checks who may."""
-    from endpoints.agents.services import decide_tool_call
+    from runtime.agents.services import decide_tool_call
 
     endpoint = selectors.get_endpoint(address)
     approve = request.POST.get("decision") == "approve"

@@ -12,10 +12,10 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from core.errors import DomainError
-from endpoints import services as endpoint_services
-from endpoints.models import WorkerEvent
-from endpoints.selectors import workers_overview
 from recovery import services as recovery_services
+from runtime import services as runtime_services
+from runtime.models import WorkerEvent
+from runtime.selectors import workers_overview
 
 from .views import _case_for_owner, login_required, page
 
@@ -53,13 +53,13 @@ def worker_list(request):
 @require_POST
 def worker_consuming(request, name):
     """Staff's stop or resume of a worker's consuming of the turns queue
-    (endpoints.services.set_worker_consuming: Celery's cancel_consumer /
+    (runtime.services.set_worker_consuming: Celery's cancel_consumer /
     add_consumer to that worker, and a WorkerEvent with who and why)."""
     if not request.user.is_staff:
         raise Http404("not found")
     consume = request.POST.get("action") == "resume"
     try:
-        _, answered = endpoint_services.set_worker_consuming(
+        _, answered = runtime_services.set_worker_consuming(
             worker=name,
             queue=DRAINABLE_QUEUE,
             consume=consume,

@@ -3,7 +3,7 @@
 Every hash and every byte cap of a JSON value is taken over these bytes: a
 ticket's input hash and caps (tickets.admission), a result's cap and its
 artifact address, an outcome's digest and a late result's hash
-(endpoints.runtime.finish), an inspection snapshot's hash
+(runtime.turns.finish), an inspection snapshot's hash
 (recovery.selectors)."""
 
 from __future__ import annotations

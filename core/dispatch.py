@@ -15,9 +15,9 @@ from django.db import transaction
 
 log = logging.getLogger(__name__)
 
-RUN_TICKET = "endpoints.run_ticket"
+RUN_TICKET = "runtime.run_ticket"
 DELIVER = "tickets.deliver"
-# The channel that wakes the dispatcher (endpoints/dispatcher.py): admission
+# The channel that wakes the dispatcher (runtime/dispatcher.py): admission
 # notifies it in the statement that marks a ticket as owing a dispatch.
 DISPATCH_CHANNEL = "claimcheck_dispatch"
 
@@ -26,7 +26,7 @@ def publish_now(task_name: str, ids: list[str]) -> int:
     """Send ``task_name(id)`` for each id at once (the caller is outside any
     transaction), over one producer connection. Returns how many were sent
     (the first ones); the caller decides what becomes of the rest
-    (``endpoints.runtime.dispatch`` marks them owed again)."""
+    (``runtime.turns.dispatch`` marks them owed again)."""
     app = current_app
 
     sent = 0

@@ -4,7 +4,7 @@ A notification reaches only the session that ran LISTEN. Behind a pooler in
 transaction mode the LISTEN runs on whichever server connection the pooler
 lends for that one statement, which then serves other clients: nothing ever
 reaches the listener (a ``wait_s`` then waits its full time). So the
-listeners (``tickets/waits.py``, ``endpoints/dispatcher.py``) connect to
+listeners (``tickets/waits.py``, ``runtime/dispatcher.py``) connect to
 ``DATABASE_LISTEN_URL`` when it is set: PostgreSQL directly or a pool in
 session mode (docs/deploy.md, "Pooling"); otherwise to ``DATABASE_URL`` like
 everything else.

@@ -31,7 +31,7 @@ log = logging.getLogger("claimcheck.observe")
 
 def _uuid7_age_s(value: uuid.UUID | str | None) -> float | None:
     """Seconds since a UUIDv7 was made (its first 48 bits are Unix ms): ticket
-    and turn ids are UUIDv7 (tickets/ids.py), so their ages need no query."""
+    and turn ids are UUIDv7 (core/ids.py), so their ages need no query."""
     if value is None:
         return None
     if not isinstance(value, uuid.UUID):
@@ -145,7 +145,7 @@ def _actions(name: str, result: Any) -> dict[str, int]:
         return {}
     if isinstance(result, dict):
         return {k: int(v) for k, v in result.items()}
-    if hasattr(result, "interrupted"):  # endpoints.runtime.SweepReport
+    if hasattr(result, "interrupted"):  # runtime.turns.SweepReport
         return {"interrupted": len(result.interrupted), "quarantined": len(result.quarantined)}
     if isinstance(result, int):
         return {"done": result}

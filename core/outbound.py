@@ -1,6 +1,6 @@
 """The outbound URL policy and pinned sending, for every call the server
 makes to a URL someone gave it: a requester's webhook (tickets.delivery) and
-an http agent (endpoints.runners). Both apps import it from here, so neither
+an http agent (runtime.runners). Both apps import it from here, so neither
 imports the other for it.
 
 The policy (``resolve_target``): http(s) with a host; ``DELIVERY_ALLOWED_HOSTS``

@@ -4,8 +4,8 @@ that each ran within its periods: health/checks.py)."""
 # Every sweep beat runs: the name it records its runs under (health.SweepRun,
 # read by /readyz) -> its task.
 SWEEP_TASKS = {
-    "budgets": "endpoints.sweep_budgets",
-    "lost_dispatches": "endpoints.sweep_lost_dispatches",
+    "budgets": "runtime.sweep_budgets",
+    "lost_dispatches": "runtime.sweep_lost_dispatches",
     "deliveries": "tickets.sweep_deliveries",
     "obligations": "tickets.sweep_obligations",
 }

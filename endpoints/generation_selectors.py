@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import connection
 
-from tickets.selectors import iso
+from core.times import iso
 
 from .models import ChangeProposal, ChangeReview, Endpoint, EndpointGeneration
 from .selectors import owned_endpoint_ids, requires_second_person
@@ -55,12 +55,12 @@ SELECT g.number,
     count(t.id) FILTER (WHERE t.state IN ('running', 'interrupting')),
     (SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (
         ORDER BY extract(epoch FROM r.ended_at - r.started_at))
-     FROM (SELECT u.started_at, u.ended_at FROM endpoints_turn u
+     FROM (SELECT u.started_at, u.ended_at FROM runtime_turn u
            WHERE u.endpoint_id = %(endpoint)s AND u.seq BETWEEN g.first_seq AND g.last_seq
              AND u.ended_at IS NOT NULL
            ORDER BY u.seq DESC LIMIT %(sample)s) r)
 FROM g
-LEFT JOIN endpoints_turn t
+LEFT JOIN runtime_turn t
     ON t.endpoint_id = %(endpoint)s AND t.seq BETWEEN g.first_seq AND g.last_seq
 WHERE g.number = ANY(%(numbers)s)
 GROUP BY g.number, g.first_seq, g.last_seq

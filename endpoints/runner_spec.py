@@ -12,7 +12,7 @@ secrets, never a value.
 - ``http``: ``url``, ``cancel_url``, ``timeout_s``, ``auth: {"secret": NAME}``
   (sent as ``Authorization: Bearer <value>``), ``headers: {name: text |
   {"secret": NAME}}``.
-- ``agent``: ``framework`` (``endpoints.agents.ADAPTERS``), ``path``,
+- ``agent``: ``framework`` (``runtime.agents.ADAPTERS``), ``path``,
   ``delegate_to`` (addresses), ``history_max_messages``,
   ``history_max_bytes``, ``max_rounds``, ``secrets: {ENV_VAR: SECRET_NAME}`` (named secrets
   put into the turn's process environment: a model provider's key),
@@ -33,6 +33,8 @@ from __future__ import annotations
 import re
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+from django.conf import settings
 
 from core.errors import Invalid
 from core.limits import URL_CHARS
@@ -76,6 +78,14 @@ _CREDENTIAL_ANYWHERE = re.compile(
 _CREDENTIAL_WORD = re.compile(
     r"(?:^|[^a-z0-9])(?:key|sig|auth|session|sessionid|pwd|pass)(?:$|[^a-z0-9])", re.IGNORECASE
 )
+
+
+# framework name (an agent runner's ``framework``) -> the module holding its
+# ADAPTER (runtime/agents/), imported by the runtime when a turn runs one.
+AGENT_ADAPTERS = {
+    "pydantic_ai": "runtime.agents.pydanticai",
+    "openai_agents": "runtime.agents.openaiagents",
+}
 
 
 def names_credential(name: str) -> bool:
@@ -185,10 +195,8 @@ def _str_list(value: Any) -> bool:
 
 
 def _check_agent(runner: dict[str, Any]) -> None:
-    from .agents import ADAPTERS
-
-    if runner.get("framework") not in ADAPTERS:
-        raise Invalid(f"an agent runner needs framework: one of {', '.join(ADAPTERS)}")
+    if runner.get("framework") not in AGENT_ADAPTERS:
+        raise Invalid(f"an agent runner needs framework: one of {', '.join(AGENT_ADAPTERS)}")
     path = runner.get("path")
     if not isinstance(path, str) or not re.fullmatch(r"[\w.]+\.[\w]+", path or ""):
         raise Invalid("an agent runner needs path: a dotted path to an agent or a factory")
@@ -336,3 +344,38 @@ def runs_isolated(runner: dict[str, Any]) -> bool:
     pool process itself."""
     kind = runner.get("kind")
     return kind == "agent" or (kind == "python" and runner.get("isolation") != ISOLATIONS[1])
+
+
+def _inside(path: str, prefix: str) -> bool:
+    """``path`` lies inside the package or module ``prefix`` names
+    ("runtime.demo." and "runtime.demo" both allow runtime.demo.echo,
+    neither allows runtime.demonic.x)."""
+    base = prefix.strip().rstrip(".")
+    return bool(base) and path.startswith(base + ".")
+
+
+def not_allowed(runner: dict[str, Any]) -> str | None:
+    """Why the operator's allow-list refuses this python or command runner,
+    or None. Staff configure endpoints, but what code may run on the workers
+    is the operator's decision (settings): RUNNER_PYTHON_ALLOWED_PREFIXES for
+    a python path, RUNNER_COMMAND_ALLOWED for a command's executable (argv[0],
+    compared exactly: a name looked up on PATH is only as safe as PATH). http
+    runners are checked against the URL policy where they are configured."""
+    kind = runner.get("kind")
+    if kind in ("python", "agent"):  # an agent's path is a python path too
+        path = str(runner.get("path", ""))
+        prefixes = list(settings.RUNNER_PYTHON_ALLOWED_PREFIXES or [])
+        if not any(_inside(path, p) for p in prefixes):
+            return (
+                f"{kind} runner path {path!r} is not allowed: RUNNER_PYTHON_ALLOWED_PREFIXES "
+                f"allows {', '.join(prefixes) or 'nothing'}"
+            )
+    elif kind == "command":
+        argv = runner.get("argv") or [""]
+        allowed = list(settings.RUNNER_COMMAND_ALLOWED or [])
+        if str(argv[0]) not in allowed:
+            return (
+                f"command runner executable {argv[0]!r} is not allowed: RUNNER_COMMAND_ALLOWED "
+                f"allows {', '.join(allowed) or 'nothing'}"
+            )
+    return None

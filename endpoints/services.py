@@ -1,8 +1,9 @@
 """Endpoint configuration: create and change endpoints (never their state:
-quarantine belongs to the ``endpoints/runtime/`` package and recovery decisions),
-an owner's pause and resume, a worker's consuming, and the append-only records
-of every change: EndpointEvent, WorkerEvent, EndpointGeneration (the
-behaviour-defining fields, versioned) and RouteGeneration (where an alias points)."""
+quarantine belongs to the runtime's ``runtime/turns/`` package and recovery
+decisions; an owner's pause to ``runtime/services.py``, which needs the
+running turn), and the append-only records of every change: EndpointEvent,
+EndpointGeneration (the behaviour-defining fields, versioned) and
+RouteGeneration (where an alias points)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,14 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from core import limits, outbound
-from core.dispatch import DISPATCH_CHANNEL
-from core.errors import Forbidden, Invalid, NotFound, StaleGeneration
+from core.errors import Invalid, NotFound, StaleGeneration
 
-from . import registry, runner_spec, runners
+from . import runner_spec
 from .models import (
     GENERATION_FIELDS,
     BusyPolicy,
@@ -28,13 +28,10 @@ from .models import (
     EndpointAlias,
     EndpointEvent,
     EndpointGeneration,
-    EndpointLock,
     RouteGeneration,
     RunnerKind,
-    Worker,
-    WorkerEvent,
 )
-from .selectors import is_owner, resolve_endpoint, submitters_payload
+from .selectors import resolve_endpoint, submitters_payload
 
 ADDRESS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
 BUDGET_FIELDS = ("turn_budget_s", "interrupt_grace_s", "heartbeat_timeout_s")
@@ -56,7 +53,7 @@ def validate_runner(runner: Any) -> dict[str, Any]:
         for key in ("url", "cancel_url"):
             if runner.get(key) is not None:
                 _check_runner_url(key, runner[key])
-    refused = runners.not_allowed(runner)
+    refused = runner_spec.not_allowed(runner)
     if refused:
         raise Invalid(refused, runner=runner)
     return runner
@@ -143,7 +140,7 @@ def _set_submitters(endpoint: Endpoint, rows: tuple[list, list[Group]] | None) -
     endpoint.submitter_groups.set(groups)
 
 
-def _record(endpoint: Endpoint, kind: str, actor: str, detail: dict[str, Any]) -> None:
+def record_event(endpoint: Endpoint, kind: str, actor: str, detail: dict[str, Any]) -> None:
     EndpointEvent.objects.create(
         endpoint=endpoint, kind=kind, actor=actor, detail=detail, at=timezone.now()
     )
@@ -222,8 +219,8 @@ def move_alias(*, alias: str, to_address: str, reason: str, actor: str = "") -> 
         EndpointAlias.objects.filter(alias=alias, endpoint_id=source.id).update(endpoint=target)
         number = _route_generation(alias, target, actor=actor, reason=reason)
         detail = {"alias": alias, "from": source.address, "to": target.address, "route": number}
-        _record(source, "route_moved", actor, {**detail, "reason": reason})
-        _record(target, "route_moved", actor, {**detail, "reason": reason})
+        record_event(source, "route_moved", actor, {**detail, "reason": reason})
+        record_event(target, "route_moved", actor, {**detail, "reason": reason})
     return RouteGeneration.objects.get(alias=alias, number=number)
 
 
@@ -328,10 +325,10 @@ def change_generation(
         # The endpoint's event timeline shows the change as before: the runner
         # on its own, the other fields together; the generation has the why.
         if "runner" in diff:
-            _record(endpoint, "runner_changed", actor, diff["runner"])
+            record_event(endpoint, "runner_changed", actor, diff["runner"])
         others = {name: change for name, change in diff.items() if name != "runner"}
         if others:
-            _record(endpoint, "settings_changed", actor, others)
+            record_event(endpoint, "settings_changed", actor, others)
     return generation
 
 
@@ -375,13 +372,11 @@ def create_endpoint(
             owners=_owners_group(address, owners or []),
             **settings_,
         )
-        # The lock row exists from the start: turns lock it, never create it.
-        EndpointLock.objects.create(endpoint=endpoint)
         _set_aliases(endpoint, aliases or [], actor=actor)
         if submitter_rows is not None:
             _set_submitters(endpoint, submitter_rows)
         _first_generation(endpoint, actor)
-        _record(
+        record_event(
             endpoint,
             "created",
             actor,
@@ -442,7 +437,7 @@ def update_endpoint(
             endpoint.change_requires_second_person = changes["change_requires_second_person"]
             endpoint.save(update_fields=["change_requires_second_person", "updated_at"])
             if before != endpoint.change_requires_second_person:
-                _record(
+                record_event(
                     endpoint,
                     "settings_changed",
                     actor,
@@ -457,7 +452,7 @@ def update_endpoint(
             old_aliases = sorted(endpoint.aliases.values_list("alias", flat=True))
             _set_aliases(endpoint, changes["aliases"] or [], actor=actor)
             if old_aliases != sorted(changes["aliases"] or []):
-                _record(
+                record_event(
                     endpoint,
                     "settings_changed",
                     actor,
@@ -469,13 +464,15 @@ def update_endpoint(
             endpoint.save(update_fields=["owners", "updated_at"])
             new_owners = _owner_names(endpoint)
             if old_owners != new_owners:
-                _record(endpoint, "owners_changed", actor, {"from": old_owners, "to": new_owners})
+                record_event(
+                    endpoint, "owners_changed", actor, {"from": old_owners, "to": new_owners}
+                )
         if "submitters" in changes:
             old_submitters = submitters_payload(endpoint)
             _set_submitters(endpoint, _submitter_rows(changes["submitters"]))
             new_submitters = submitters_payload(endpoint)
             if old_submitters != new_submitters:
-                _record(
+                record_event(
                     endpoint,
                     "submitters_changed",
                     actor,
@@ -497,14 +494,14 @@ def add_owner(*, address: str, user, actor: str = "") -> Endpoint:
         user.groups.add(endpoint.owners)
         new_owners = _owner_names(endpoint)
         if old_owners != new_owners:
-            _record(endpoint, "owners_changed", actor, {"from": old_owners, "to": new_owners})
+            record_event(endpoint, "owners_changed", actor, {"from": old_owners, "to": new_owners})
     return endpoint
 
 
 # --- Pause and resume (docs/design.md, "Pause") -----------------------------------
 
 
-def _reason(reason: Any, what: str) -> str:
+def required_reason(reason: Any, what: str) -> str:
     if not isinstance(reason, str) or not reason.strip():
         raise Invalid(f"a {what} needs a reason")
     reason = reason.strip()
@@ -513,135 +510,4 @@ def _reason(reason: Any, what: str) -> str:
     return reason
 
 
-def _owned_for_pause(address: str, user, what: str) -> Endpoint:
-    endpoint = resolve_endpoint(address)
-    if not is_owner(user, endpoint):
-        raise Forbidden(f"only the endpoint's owners may {what} it")
-    return endpoint
-
-
-def pause_endpoint(*, address: str, user, reason: Any) -> tuple[Endpoint, bool]:
-    """Pause an endpoint (its owners and staff): from the commit on, admission
-    queues new tickets (``enqueue``) or refuses them with ``endpoint_paused``
-    (``reject``), and no turn starts; a turn running now finishes. One
-    conditional UPDATE of the endpoint row, which every start updates too,
-    so a start and a pause are ordered by that row: a start that committed
-    first runs its turn, one that comes after sees the pause and starts
-    nothing. Answers the endpoint and whether this call paused it: pausing a
-    paused endpoint changes nothing and records nothing (a retried request
-    is safe), and the endpoint still shows the first pause's actor and
-    reason. A pause leaves the state alone: a quarantine holds beside it."""
-    reason = _reason(reason, "pause")
-    endpoint = _owned_for_pause(address, user, "pause")
-    actor = f"user:{user.username}"
-    with transaction.atomic():
-        now = timezone.now()
-        paused = Endpoint.objects.filter(id=endpoint.id, paused_at__isnull=True).update(
-            paused_at=now, pause_actor=actor, pause_reason=reason, updated_at=now
-        )
-        endpoint = Endpoint.objects.get(id=endpoint.id)
-        if paused:
-            lock = EndpointLock.objects.filter(endpoint_id=endpoint.id).first()
-            _record(
-                endpoint,
-                "paused",
-                actor,
-                {
-                    "reason": reason,
-                    "state": endpoint.state,
-                    # The turn that may still finish (drain) after the pause.
-                    "running_turn": str(lock.holder_id) if lock and lock.holder_id else None,
-                },
-            )
-    return endpoint, bool(paused)
-
-
-def resume_endpoint(*, address: str, user, reason: Any) -> tuple[Endpoint, bool]:
-    """Resume a paused endpoint (its owners and staff): one conditional UPDATE
-    clears the pause (never the state: a quarantine stays until its owner
-    decides), an EndpointEvent records who and why, and the dispatcher is
-    woken at commit: the tickets that queued meanwhile kept their marks, so
-    its next pass publishes the oldest. Resuming an endpoint that is not
-    paused changes nothing and records nothing."""
-    reason = _reason(reason, "resume")
-    endpoint = _owned_for_pause(address, user, "resume")
-    actor = f"user:{user.username}"
-    with transaction.atomic():
-        now = timezone.now()
-        # The row locked: the pause it clears is the one the event records.
-        before = (
-            Endpoint.objects.select_for_update()
-            .filter(id=endpoint.id)
-            .values("paused_at", "pause_actor")
-            .first()
-        )
-        resumed = Endpoint.objects.filter(id=endpoint.id, paused_at__isnull=False).update(
-            paused_at=None, pause_actor="", pause_reason="", updated_at=now
-        )
-        endpoint = Endpoint.objects.get(id=endpoint.id)
-        if resumed:
-            _record(
-                endpoint,
-                "resumed",
-                actor,
-                {
-                    "reason": reason,
-                    "state": endpoint.state,
-                    "paused_at": before["paused_at"].isoformat() if before["paused_at"] else None,
-                    "paused_by": before["pause_actor"],
-                },
-            )
-            with connection.cursor() as cur:  # delivered at commit
-                cur.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
-    return endpoint, bool(resumed)
-
-
 # --- A worker's consuming (docs/operations.md, "Draining a worker") ------------------
-
-CONSUME_REPLY_TIMEOUT_S = 2.0
-
-
-def set_worker_consuming(
-    *, worker: str, queue: str, consume: bool, user, reason: Any
-) -> tuple[Worker, bool]:
-    """Staff stop (``consume=False``) or resume a worker's consuming of one of
-    its queues with Celery's remote control (``cancel_consumer`` /
-    ``add_consumer``, sent to that worker only and answered by its main
-    process, whatever its pool is doing). The turns it runs go on and
-    finish; it takes no new message from the queue until it is told to
-    consume again or restarts. The command is sent first, outside any
-    transaction; then a ``consumer_cancelled`` / ``consumer_added``
-    WorkerEvent records who, why and whether the worker answered, and an
-    answered command updates the registry's ``consuming`` at once (the
-    worker's next heartbeat reports what it really consumes). Answers the
-    worker and whether it answered."""
-    if not getattr(user, "is_staff", False):
-        raise Forbidden("only staff may stop or resume a worker's consuming")
-    reason = _reason(reason, "stop or resume of consuming")
-    row = Worker.objects.filter(name=worker).first()
-    if row is None:
-        raise NotFound(f"worker {worker!r} not found")
-    if queue not in row.queues:
-        raise Invalid(f"worker {worker} was started for {', '.join(row.queues)}, not {queue!r}")
-    replies = registry.send_consumer_command(
-        worker, queue=queue, consume=consume, timeout=CONSUME_REPLY_TIMEOUT_S
-    )
-    answered = bool(replies) and all("ok" in r for r in replies)
-    with transaction.atomic():
-        if answered:
-            # One row: a conditional UPDATE from the row's current list is not
-            # needed, the heartbeat rewrites it from the worker's own consumer.
-            row = Worker.objects.select_for_update().get(id=row.id)
-            consuming = [q for q in row.consuming if q != queue]
-            if consume:
-                consuming = sorted({*consuming, queue})
-            row.consuming = consuming
-            row.save(update_fields=["consuming"])
-        WorkerEvent.objects.create(
-            worker=worker,
-            kind="consumer_added" if consume else "consumer_cancelled",
-            actor=f"user:{user.username}",
-            detail={"queue": queue, "reason": reason, "answered": answered, "replies": replies},
-            at=timezone.now(),
-        )
-    return row, answered

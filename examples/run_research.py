@@ -32,9 +32,9 @@ def main() -> None:
     django.setup()
     from django.conf import settings
 
-    from endpoints import runtime
     from endpoints.models import Endpoint
     from endpoints.services import create_endpoint
+    from runtime import turns
     from tickets.admission import admit_ticket
     from tickets.models import Ticket
 
@@ -65,7 +65,7 @@ def main() -> None:
             break
         queued = Ticket.objects.filter(trace_id=root.trace_id, state="queued").order_by("id")
         for ticket in queued:
-            runtime.run_ticket(ticket_id=ticket.id)
+            turns.run_ticket(ticket_id=ticket.id)
     print(f"{root.state}: {root.result if root.state == 'succeeded' else root.error}")
 
 

@@ -21,7 +21,7 @@ Kinds of violation (each names the ids involved):
   (``ticket.turn``, completed, of this ticket) or, for a ticket that waited
   on children, the attributed callback turn (``completed_by_turn``: a
   completed turn of the same endpoint that ran a callback ticket of the same
-  trace, see ``endpoints.runtime.finish``); the transition event to
+  trace, see ``runtime.turns.finish``); the transition event to
   ``succeeded`` names that turn. A result on a ticket that did not succeed,
   and a context entry that is not its turn's, are violations too.
 - ``replayed_ticket``: a ticket with more than one turn or more than one
@@ -53,7 +53,7 @@ Kinds of violation (each names the ids involved):
   returned before its interrupt was requested: an event of that turn (its
   ``turn_stopped``, or a ``stale_outcome``) says ``outcome: success`` with a
   ``returned_by`` earlier than the turn's ``interrupt_requested_at``. Such
-  a result is the turn's (``endpoints.runtime.finish.late_outcome_accepted``).
+  a result is the turn's (``runtime.turns.finish.late_outcome_accepted``).
 - ``event_state_mismatch``: the last transition event's ``to_state`` is not
   the ticket's state, a ticket has no transition event, or a transition
   event's ``from_state`` is not the previous one's ``to_state``.
@@ -78,7 +78,8 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from endpoints.models import ContextEntry, Endpoint, EndpointGeneration, EndpointLock, Turn
+from endpoints.models import Endpoint, EndpointGeneration
+from runtime.models import ContextEntry, EndpointLock, Turn
 from tickets.models import Callback, Ticket, TicketEvent
 
 from .models import RecoveryCase
@@ -153,7 +154,7 @@ def _short(value: Any) -> str:
 
 def uuid7_floor(moment: datetime) -> uuid.UUID:
     """The smallest UUIDv7 of ``moment``'s millisecond: ids are time-ordered
-    (``tickets.ids.new_id``), so ``id >= uuid7_floor(t)`` selects the rows
+    (``core.ids.new_id``), so ``id >= uuid7_floor(t)`` selects the rows
     created since ``t`` through the primary key."""
     ms = int(moment.timestamp() * 1000)
     return uuid.UUID(int=ms << 80)

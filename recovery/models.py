@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from tickets.ids import new_id
+from core.ids import new_id
 
 
 class CaseState(models.TextChoices):
@@ -24,7 +24,7 @@ class RecoveryCase(models.Model):
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", on_delete=models.PROTECT, related_name="recovery_cases"
     )
-    turn = models.ForeignKey("endpoints.Turn", on_delete=models.PROTECT, related_name="+")
+    turn = models.ForeignKey("runtime.Turn", on_delete=models.PROTECT, related_name="+")
     ticket = models.ForeignKey("tickets.Ticket", on_delete=models.PROTECT, related_name="+")
     reason = models.TextField()
     state = models.CharField(max_length=8, choices=CaseState.choices, default=CaseState.OPEN)

@@ -14,17 +14,18 @@ from django.db.models import QuerySet
 
 from core.canonical import canonical_json
 from core.errors import Invalid, NotFound
+from core.times import iso
 from endpoints.generation_selectors import proposal_status, proposals_from_lesson, review_of
-from endpoints.models import ContextEntry, EndpointLock, Turn
 from endpoints.selectors import owned_endpoint_ids
+from runtime.models import ContextEntry, EndpointLock, Turn
 from tickets.models import Callback, Ticket, TicketEvent
-from tickets.selectors import event_payload, iso, ticket_events, ticket_payload
+from tickets.selectors import event_payload, ticket_events, ticket_payload
 
 from .models import CaseEvidence, CaseState, Decision, Inspection, Lesson, RecoveryCase
 
 MAX_CASES = 500
 
-# Evidence kinds written by ``endpoints.runtime.evidence.record_stale``: ``late_<outcome kind>``.
+# Evidence kinds written by ``runtime.turns.evidence.record_stale``: ``late_<outcome kind>``.
 LATE_STOP_RECEIPT = "late_stopped"
 LATE_RESULT_KINDS = ("late_success", "late_failure", "late_wait")
 

@@ -26,13 +26,14 @@ from django.utils import timezone
 
 from core import limits
 from core.errors import DedupeConflict, Invalid, InvalidTransition, NotFound
-from endpoints.models import ChangeProposal, Turn, TurnState
+from core.ids import new_id
+from endpoints.models import ChangeProposal
 from endpoints.proposals import propose_change
-from endpoints.runtime import resolve_uncertain_turn
 from endpoints.selectors import is_owner
+from runtime.models import Turn, TurnState
+from runtime.turns import resolve_uncertain_turn
 from tickets import lifecycle
 from tickets.admission import admit_ticket
-from tickets.ids import new_id
 from tickets.models import Ticket, TicketState
 from tickets.retry import check_budget
 
@@ -452,7 +453,7 @@ def _propose(
     )
 
 
-# --- Records the runtime asks for (endpoints.ports.CaseKeeper) ------------------------------
+# --- Records the runtime asks for (runtime.ports.CaseKeeper) ------------------------------
 
 
 def open_case_for_uncertain_turn(*, turn: Turn, reason: str, at: datetime) -> uuid.UUID:
@@ -501,8 +502,8 @@ def stop_process(
     kill is carried out after commit by the worker on the recorded host,
     targeting the recorded pid, only while its slot still names this turn.
     Never ``revoke(terminate=True)``, never a kill by task id."""
-    from endpoints.registry import request_process_stop
-    from endpoints.selectors import slot_holding
+    from runtime.registry import request_process_stop
+    from runtime.selectors import slot_holding
 
     case = get_case(case_id)
     _require_owner(user, case, "stop the process of")
@@ -606,7 +607,7 @@ def resolve_stale_stops() -> list[uuid.UUID]:
 
     from django.conf import settings
 
-    from endpoints.models import Worker, WorkerSlot
+    from runtime.models import Worker, WorkerSlot
 
     now = timezone.now()
     lost_before = now - timedelta(seconds=settings.WORKER_LOST_AFTER_S)

@@ -551,7 +551,7 @@ class Supervisor:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["PORT"] = str(self.port)
         # demo.agent runs on Pydantic AI: imported once in the worker's main
-        # process, not in every pool process's first turn (endpoints/worker.py).
+        # process, not in every pool process's first turn (runtime/worker.py).
         env.setdefault("AGENT_PRELOAD", "pydantic_ai")
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if metrics:

@@ -86,7 +86,7 @@ def _own_broker_per_xdist_worker() -> None:
 # The runner allow-list the tests need (README "Tests"): the demo runners,
 # runners under tests/, and commands run by this interpreter. The worker
 # processes get the same lists through _test_env.
-TEST_RUNNER_PYTHON_PREFIXES = ["endpoints.demo.", "tests."]
+TEST_RUNNER_PYTHON_PREFIXES = ["runtime.demo.", "tests."]
 TEST_RUNNER_COMMANDS = [sys.executable]
 TEST_RUNNER_SECRET = "worker-held-secret-value"
 
@@ -120,10 +120,10 @@ def _fresh_api_key_cache():
 
 @pytest.fixture(autouse=True)
 def _fresh_turn_processes():
-    """A warm turn process (endpoints/isolation.py) forked during one test
+    """A warm turn process (runtime/isolation.py) forked during one test
     keeps that test's settings and patches: the next test forks its own."""
     yield
-    isolation = sys.modules.get("endpoints.isolation")
+    isolation = sys.modules.get("runtime.isolation")
     if isolation is not None:
         isolation.retire_idle()
 
@@ -181,9 +181,9 @@ def make_endpoint(db):
 
     counter = iter(range(10_000))
 
-    def make(address=None, path="endpoints.demo.echo", runner=None, isolation=None, **kw):
+    def make(address=None, path="runtime.demo.echo", runner=None, isolation=None, **kw):
         # demo.stuck shows quarantine: it runs inline unless a test says otherwise.
-        if isolation is None and path == "endpoints.demo.stuck":
+        if isolation is None and path == "runtime.demo.stuck":
             isolation = "inline"
         extra = {"isolation": isolation} if isolation else {}
         return create_endpoint(

@@ -17,9 +17,9 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from core.readonly_admin import CappedPaginator
-from endpoints import runtime
-from endpoints.runners import Outcome
 from recovery import services as recovery
+from runtime import turns as runtime
+from runtime.runners import Outcome
 from tests.conftest import wait_for
 from tickets import delivery
 from tickets.admission import admit_ticket
@@ -36,9 +36,9 @@ MODELS = [
     "tickets.DeliveryAttempt",
     "endpoints.Endpoint",
     "endpoints.EndpointAlias",
-    "endpoints.EndpointLock",
-    "endpoints.Turn",
-    "endpoints.ContextEntry",
+    "runtime.EndpointLock",
+    "runtime.Turn",
+    "runtime.ContextEntry",
     "endpoints.EndpointGeneration",
     "endpoints.ChangeProposal",
     "endpoints.ChangeReview",
@@ -76,9 +76,7 @@ def records(make_endpoint, settings, django_user_model):
     ).ticket
     runtime.run_ticket(ticket_id=child.id)  # its callback ticket
 
-    make_endpoint(
-        "adm-stuck", path="endpoints.demo.stuck", owners=["owner"], interrupt_grace_s=0.05
-    )
+    make_endpoint("adm-stuck", path="runtime.demo.stuck", owners=["owner"], interrupt_grace_s=0.05)
     stuck = admit_ticket(endpoint="adm-stuck", input={"seconds": 60}).ticket
     started = runtime.start_turn(ticket_id=stuck.id)
     assert runtime.request_interrupt(turn_id=started.turn.id, reason="deadline", actor="test")
@@ -218,7 +216,7 @@ def test_staff_need_the_view_permission_and_never_get_more(client, records, djan
     assert client.get(u["changelist"]).status_code == 200
     assert client.get(u["change"]).status_code == 200
     assert client.post(u["change"], {"_save": "Save"}).status_code == 403
-    assert client.get(urls("endpoints.Turn")["changelist"]).status_code == 403
+    assert client.get(urls("runtime.Turn")["changelist"]).status_code == 403
 
     stranger = django_user_model.objects.create_user("stranger", password="pw", is_staff=True)
     client.force_login(stranger)
@@ -243,7 +241,7 @@ def test_times_read_as_the_console_prints_them(admin_client, records):
     assert not re.search(r"\b(a\.m\.|p\.m\.)", listing)
     page = admin_client.get(urls("tickets.Ticket", root.pk)["change"]).content.decode()
     assert root.finished_at.strftime("%Y-%m-%d %H:%M:%SZ") in page
-    assert UTC_Z.search(admin_client.get(urls("endpoints.Turn")["changelist"]).content.decode())
+    assert UTC_Z.search(admin_client.get(urls("runtime.Turn")["changelist"]).content.decode())
 
 
 @pytest.fixture

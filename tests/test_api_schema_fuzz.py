@@ -57,12 +57,12 @@ CHECKS = [
 def seeded(staff_user) -> dict[str, list[str]]:
     """Real ids for path parameters: a finished ticket, a running turn and its
     ticket, a quarantined case, owned by the staff user whose key is used."""
-    from endpoints import runtime
     from endpoints.services import create_endpoint
+    from runtime import turns as runtime
     from tests.recovery.conftest import drive_to_quarantine
     from tickets.admission import admit_ticket
 
-    echo = {"kind": "python", "path": "endpoints.demo.echo"}
+    echo = {"kind": "python", "path": "runtime.demo.echo"}
     for address in ("fuzz.echo", "fuzz.busy", "fuzz.stuck"):
         create_endpoint(
             address=address, runner=echo, owners=[staff_user.username], interrupt_grace_s=0.01

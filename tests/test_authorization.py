@@ -22,12 +22,12 @@ from django.contrib.auth import get_user_model
 
 from accounts.keys import create_api_key
 from config.api import api as ninja_api
-from endpoints import runtime
 from endpoints.services import create_endpoint
 from recovery import services as recovery_services
 from recovery.models import DecisionAction
+from runtime import services as runtime_services
+from runtime import turns as runtime
 from tests.conftest import wait_for
-from tickets import lifecycle
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
@@ -54,7 +54,7 @@ class World:
         if address not in self._endpoints:
             create_endpoint(
                 address=address,
-                runner={"kind": "python", "path": "endpoints.demo.echo"},
+                runner={"kind": "python", "path": "runtime.demo.echo"},
                 owners=list(owners),
                 **kw,
             )
@@ -62,7 +62,7 @@ class World:
         return address
 
     def registered_worker(self) -> str:
-        from endpoints import registry
+        from runtime import registry
 
         return self.once(
             "worker",
@@ -124,7 +124,7 @@ class World:
 
         def make():
             ticket = self.admit(self.endpoint("m.ep"))
-            lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="matrix")
+            runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="matrix")
             return ticket
 
         return self.once("cancelled", make)
@@ -229,10 +229,10 @@ class World:
         for an owner's approval of one tool call."""
 
         def make():
-            from endpoints.agents.runner import preload
+            from runtime.agents.runner import preload
 
             address = "m.agent"
-            runner = {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.agent"}
+            runner = {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"}
             # Warm first: this test's transaction is invisible to the heartbeat
             # thread, so the turn must end before its first beat (5 s).
             preload(runner)
@@ -241,7 +241,7 @@ class World:
                 runner={
                     "kind": "agent",
                     "framework": "pydantic_ai",
-                    "path": "endpoints.demo.agent",
+                    "path": "runtime.demo.agent",
                 },
                 owners=["owner"],
             )
@@ -336,7 +336,7 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("POST", "/endpoints"): Row(
         lambda w: (
             "/endpoints",
-            {"address": "m.new", "runner": {"kind": "python", "path": "endpoints.demo.echo"}},
+            {"address": "m.new", "runner": {"kind": "python", "path": "runtime.demo.echo"}},
         ),
         {**STAFF_ONLY, "staff": 201},
     ),
@@ -673,12 +673,12 @@ def test_runner_settings_and_submitter_lists_only_to_owners_and_staff(client, ac
     for body in (one, listed):
         assert body["state"] == "available" and body["busy_policy"] == "enqueue"
         assert {"turn_budget_s", "interrupt_grace_s", "requires_approval"} <= set(body)
-        assert ("endpoints.demo.echo" in json.dumps(body)) == full, (actor, body)
+        assert ("runtime.demo.echo" in json.dumps(body)) == full, (actor, body)
         assert ("submitters" in body) == full, (actor, body)
         assert body["runner"]["kind"] == "python"
     client.force_login(world.users[actor])
     page = client.get(f"/endpoints/{address}/").content.decode()
-    assert ("endpoints.demo.echo" in page) == full, actor
+    assert ("runtime.demo.echo" in page) == full, actor
     assert ("<code>submitter</code>" in page) == full, actor
 
 

@@ -1,6 +1,6 @@
 """Small rules of the house: one source for caps, the state
 strings the database holds, the broker's visibility timeout above the longest budget, the
-database constraints that back the runtime, and the app ports in place."""
+database constraints that back the runtime, and the case keeper in place."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from core.errors import Invalid
-from endpoints import runtime
-from endpoints.models import BusyPolicy, EndpointLock, EndpointState, Turn, TurnState
-from endpoints.ports import case_keeper
+from endpoints.models import BusyPolicy, EndpointState
 from endpoints.services import MAX_BUDGET_S, update_endpoint
-from tickets import ports
+from runtime import turns as runtime
+from runtime.models import EndpointLock, Turn, TurnState
+from runtime.ports import case_keeper
 from tickets.admission import admit_ticket
 from tickets.models import (
     CallbackState,
@@ -47,7 +47,7 @@ def test_a_budget_over_the_cap_is_refused(make_endpoint):
         ("tickets_ticket", "delivery_state", DeliveryState),
         ("tickets_ticket", "obligation_state", ObligationState),
         ("tickets_delivery", "mode", Delivery.Mode),
-        ("endpoints_turn", "state", TurnState),
+        ("runtime_turn", "state", TurnState),
         ("endpoints_endpoint", "state", EndpointState),
         ("endpoints_endpoint", "busy_policy", BusyPolicy),
     ],
@@ -73,9 +73,29 @@ def test_the_python_enums_are_what_the_database_holds(table, column, enum):
     assert held == set(enum.values), (table, column, definition)
 
 
-def test_the_ports_are_provided_by_the_apps_above():
-    assert ports.endpoint_directory().request_interrupt is runtime.request_interrupt
+def test_the_case_keeper_is_provided_by_recovery():
     assert case_keeper().open_case_for_uncertain_turn.__module__ == "recovery.services"
+
+
+def test_every_endpoint_has_its_lock_row_from_its_creation(make_endpoint):
+    """The directory creates endpoints without knowing the runtime's lock: a
+    trigger of the runtime's migration inserts the row."""
+    endpoint = make_endpoint("rules.lock")
+    lock = EndpointLock.objects.get(endpoint_id=endpoint.id)
+    assert lock.holder_id is None and lock.token is None
+
+
+def test_only_a_quarantined_endpoint_names_an_open_case(make_endpoint):
+    import uuid
+
+    from endpoints.models import Endpoint
+
+    endpoint = make_endpoint("rules.case")
+    with (
+        pytest.raises(IntegrityError, match="endpoint_case_when_quarantined"),
+        transaction.atomic(),
+    ):
+        Endpoint.objects.filter(id=endpoint.id).update(quarantine_case=uuid.uuid4())
 
 
 @pytest.fixture
@@ -120,9 +140,9 @@ def test_text_caps_come_from_one_source():
     the console's form and the column (core/limits.py)."""
     from console.forms import DecisionForm, LessonForm
     from core import limits
-    from endpoints.api import EndpointIn
     from endpoints.models import Endpoint
     from recovery import services as recovery
+    from runtime.api import EndpointIn
     from tickets import obligations
     from tickets.api import ObligationCloseIn, TicketIn
     from tickets.models import Ticket
@@ -158,7 +178,8 @@ def test_no_index_is_a_prefix_of_another_on_the_same_table():
     ours = [
         m._meta.db_table
         for m in apps.get_models(include_auto_created=False)
-        if m._meta.app_label in ("tickets", "endpoints", "recovery", "console", "health")
+        if m._meta.app_label
+        in ("tickets", "endpoints", "runtime", "recovery", "console", "accounts", "health")
     ]
 
     with connection.cursor() as cur:

@@ -12,7 +12,17 @@ from pathlib import Path
 
 import grimp
 
-PACKAGES = ("core", "accounts", "config", "tickets", "endpoints", "recovery", "console", "health")
+PACKAGES = (
+    "core",
+    "accounts",
+    "config",
+    "tickets",
+    "endpoints",
+    "runtime",
+    "recovery",
+    "console",
+    "health",
+)
 
 
 def cycles(graph: grimp.ImportGraph) -> list[list[str]]:

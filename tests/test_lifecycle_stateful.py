@@ -58,19 +58,14 @@ from core.errors import (
     InvalidTransition,
     StaleTurn,
 )
-from endpoints import runtime
-from endpoints.models import (
-    TURN_ACTIVE_STATES,
-    ContextEntry,
-    Endpoint,
-    EndpointLock,
-    Turn,
-)
-from endpoints.runners import Outcome
+from endpoints.models import Endpoint
 from recovery import services as recovery
 from recovery.models import RecoveryCase
+from runtime import services as runtime_services
+from runtime import turns as runtime
+from runtime.models import TURN_ACTIVE_STATES, ContextEntry, EndpointLock, Turn
+from runtime.runners import Outcome
 from tests.conftest import purge_broker, wait_for
-from tickets import lifecycle
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
@@ -190,7 +185,7 @@ class Lifecycle(RuleBasedStateMachine):
                 address=address,
                 # No process runs these turns (the test drives the runtime itself):
                 # inline, so a stop is judged on the grace alone, as modelled.
-                runner={"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"},
+                runner={"kind": "python", "path": "runtime.demo.echo", "isolation": "inline"},
                 owners=[self.owner.username],
                 busy_policy="reject" if reject else "enqueue",
                 **budgets,
@@ -377,9 +372,9 @@ class Lifecycle(RuleBasedStateMachine):
         t = data.draw(st.sampled_from(sorted(self.tickets.values(), key=lambda x: x.id)))
         if t.state not in ("queued", "running"):  # waiting is not reached by these rules
             with pytest.raises(InvalidTransition):
-                lifecycle.cancel_ticket(ticket_id=t.id, actor="fuzz")
+                runtime_services.cancel_ticket(ticket_id=t.id, actor="fuzz")
             return
-        lifecycle.cancel_ticket(ticket_id=t.id, actor="fuzz")
+        runtime_services.cancel_ticket(ticket_id=t.id, actor="fuzz")
         if t.state == "queued":
             t.state = "cancelled"
             return

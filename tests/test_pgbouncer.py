@@ -168,7 +168,7 @@ def test_recommended_topology_behind_pgbouncer_in_transaction_mode(
         wait_for(lambda: b"beat: Starting" in directly.log("control"), timeout=90, message="beat")
         wait_for(web.ready, timeout=90, message="gunicorn")
 
-        make_endpoint("pool.sleep", path="endpoints.demo.sleep", isolation="inline")
+        make_endpoint("pool.sleep", path="runtime.demo.sleep", isolation="inline")
 
         from config.celery import app
 
@@ -214,7 +214,7 @@ def test_recommended_topology_behind_pgbouncer_in_transaction_mode(
             ((created, started, finished, pid),) = _sql(
                 "SELECT extract(epoch FROM t.created_at), extract(epoch FROM u.started_at), "
                 "extract(epoch FROM t.finished_at), (u.worker->>'pid')::int "
-                "FROM tickets_ticket t JOIN endpoints_turn u ON u.ticket_id = t.id "
+                "FROM tickets_ticket t JOIN runtime_turn u ON u.ticket_id = t.id "
                 "WHERE t.id = %s",
                 [body["id"]],
             )

@@ -103,7 +103,7 @@ def test_an_outage_in_a_middleware_after_the_view_is_a_503_too():
 
 
 def test_a_programming_error_is_still_a_500_internal(api, monkeypatch):
-    from endpoints import api as endpoints_api
+    from runtime import api as endpoints_api
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug, not an outage")

@@ -11,9 +11,9 @@ from django.contrib import admin
 from django.db.models import Q
 
 from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
+from endpoints.selectors import resolve_endpoint
 
 from .models import Callback, Delivery, DeliveryAttempt, Ticket, TicketEvent, Trace
-from .ports import endpoint_directory
 from .selectors import visible_tickets
 
 
@@ -23,7 +23,7 @@ def _visible_ids(user):
 
 
 def _resolve(address: str):
-    return endpoint_directory().resolve(address)
+    return resolve_endpoint(address)
 
 
 @admin.register(Ticket)

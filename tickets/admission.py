@@ -36,10 +36,12 @@ from core.errors import (
     NotFound,
     TooLarge,
 )
+from core.ids import new_id
 from core.limits import DEDUPE_KEY_CHARS, TRACE_ID_CHARS
 from core.sqlfunctions import call_cursor
+from endpoints.models import Endpoint
+from endpoints.selectors import may_submit, quarantine_case
 
-from .ids import new_id
 from .models import (
     CallbackState,
     DeliveryState,
@@ -47,7 +49,6 @@ from .models import (
     Ticket,
     TicketState,
 )
-from .ports import endpoint_directory
 from .selectors import visible_tickets
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def admit_ticket(
        event and trace count. The unique constraint decides a race: the
        loser waits for the winner's commit and returns its row.
     3. No broker publish: the ticket is marked ``needs_dispatch`` and the
-       dispatcher (endpoints/dispatcher.py) is woken by a NOTIFY at commit.
+       dispatcher (runtime/dispatcher.py) is woken by a NOTIFY at commit.
     """
     if not isinstance(input, dict):
         raise Invalid("input must be a JSON object")
@@ -247,19 +248,17 @@ def _call(params: list) -> tuple:
 def _require_submit(submitter: AbstractBaseUser | None, row: tuple) -> None:
     """``may_submit`` for the endpoint and the return_to as the function read
     them (id, address, submit_restricted, owners): one query for the check."""
-    directory = endpoint_directory()
-    endpoint_model = Ticket.endpoint.field.related_model
     # In the model's field order: from_db reads partial values in that order.
     wanted = {"id", "address", "submit_restricted", "owners_id"}
-    names = [f.attname for f in endpoint_model._meta.concrete_fields if f.attname in wanted]
+    names = [f.attname for f in Endpoint._meta.concrete_fields if f.attname in wanted]
     data = row[12]
     if isinstance(data, str | bytes):  # Django's jsonb loader leaves it text
         data = json.loads(data)
     for fields in data:
         if fields is None:
             continue
-        target = endpoint_model.from_db(connection.alias, names, [fields[n] for n in names])
-        if not directory.may_submit(submitter, target):
+        target = Endpoint.from_db(connection.alias, names, [fields[n] for n in names])
+        if not may_submit(submitter, target):
             raise Forbidden(f"you may not submit tickets to {target.address}")
 
 
@@ -273,7 +272,7 @@ def _refusal(status: str, row: tuple, *, parent_id: uuid.UUID | None) -> Excepti
     if status == "trace_mismatch":
         return Invalid("trace_id differs from the parent's trace")
     if status == "quarantined":
-        case = endpoint_directory().open_case_id(row[2])
+        case = quarantine_case(row[2])
         return EndpointQuarantined(
             f"endpoint {address} is quarantined until an owner decides",
             case=str(case) if case else None,
@@ -331,14 +330,10 @@ def _admitted(row: tuple, *, ticket_id: uuid.UUID, params: list, input_json: str
     }
     alias = connection.alias
     ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, [values.get(a) for a in _TICKET_ATTNAMES])
-    # The endpoint as the function read it (the ticket's own foreign key
-    # names the model: tickets never imports endpoints).
-    endpoint_model = Ticket.endpoint.field.related_model
-    ticket.endpoint = endpoint_model.from_db(
-        alias, ["id", "address"], [endpoint_id, canonical_address]
-    )
+    # The endpoint as the function read it.
+    ticket.endpoint = Endpoint.from_db(alias, ["id", "address"], [endpoint_id, canonical_address])
     if return_to_id is not None:
-        ticket.return_to = endpoint_model.from_db(alias, ["id", "address"], [return_to_id, row[11]])
+        ticket.return_to = Endpoint.from_db(alias, ["id", "address"], [return_to_id, row[11]])
     return Admitted(ticket=ticket, duplicate=False)
 
 
@@ -412,16 +407,16 @@ def _ticket_from_row(row: tuple) -> Ticket:
     ]
     alias = connection.alias
     ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, values)
-    endpoint_model = Ticket.endpoint.field.related_model
-    ticket.endpoint = endpoint_model.from_db(
+    ticket.endpoint = Endpoint.from_db(
         alias, ["id", "address"], [ticket.endpoint_id, endpoint_address]
     )
     if ticket.turn_id is not None:
+        # The runtime's Turn (an app above tickets), named by the foreign key.
         ticket.turn = Ticket.turn.field.related_model.from_db(
             alias, ["id", "seq", "state"], [ticket.turn_id, turn_seq, turn_state]
         )
     if ticket.return_to_id is not None:
-        ticket.return_to = endpoint_model.from_db(
+        ticket.return_to = Endpoint.from_db(
             alias, ["id", "address"], [ticket.return_to_id, return_to_address]
         )
     return ticket

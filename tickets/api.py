@@ -15,11 +15,11 @@ from core import fairshare, limits, tracing
 from core.errors import Invalid
 from core.schemas import Strict
 from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
+from endpoints.selectors import resolve_endpoint
 
-from . import admission, delivery, lifecycle, obligations, retry, selectors, traces, waits
+from . import admission, delivery, obligations, retry, selectors, traces, waits
 from . import search as search_terms
 from .models import TERMINAL_STATES, Ticket
-from .ports import endpoint_directory
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def list_tickets(
     limit: int = Query(50, ge=1, le=selectors.MAX_PAGE),
     cursor: str | None = None,
 ):
-    endpoint_id = endpoint_directory().resolve(endpoint).id if endpoint else None
+    endpoint_id = resolve_endpoint(endpoint).id if endpoint else None
     rows, next_cursor = selectors.list_tickets(
         user=request.user,
         endpoint_id=endpoint_id,
@@ -206,11 +206,8 @@ def get_lineage(request: HttpRequest, ticket_id: str):
     return selectors.lineage(visible(request, ticket_id), user=request.user)
 
 
-@router.post("/{ticket_id}/cancel", response=TicketOut)
-def cancel(request: HttpRequest, ticket_id: str):
-    ticket = visible(request, ticket_id)
-    lifecycle.cancel_ticket(ticket_id=ticket.id, actor=actor_of(request))
-    return selectors.ticket_payload(selectors.get_ticket(ticket.id))
+# POST /{ticket_id}/cancel is the runtime's (runtime/api.py): a running
+# ticket's turn is asked to stop.
 
 
 @router.post("/{ticket_id}/approve", response=TicketOut)

@@ -30,7 +30,6 @@ from .models import (
     Ticket,
     TicketState,
 )
-from .ports import endpoint_directory
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +96,13 @@ def transition(
     return expected
 
 
-def cancel_ticket(*, ticket_id: uuid.UUID, actor: str, reason: str = "") -> Ticket:
-    """``queued | waiting -> cancelled``; a running ticket gets an interrupt
-    request and becomes cancelled when its turn is proven stopped. A
-    ``reason`` (the console asks for one) is kept in the event's detail."""
+def request_cancel(*, ticket_id: uuid.UUID, actor: str, reason: str = "") -> uuid.UUID | None:
+    """The ticket's side of a cancel (``runtime.services.cancel_ticket`` is
+    the one caller): ``queued | waiting -> cancelled``; a running ticket
+    gets ``cancel_requested_at`` and its event, and the answer is its turn,
+    which the caller asks to stop (the ticket is cancelled when the stop is
+    proven); None when there is no turn to interrupt. A ``reason`` is kept
+    in the event's detail."""
     why = {"reason": reason} if reason else None
     with transaction.atomic():
         ticket = Ticket.objects.select_for_update().filter(id=ticket_id).first()
@@ -116,32 +118,28 @@ def cancel_ticket(*, ticket_id: uuid.UUID, actor: str, reason: str = "") -> Tick
                 detail=why,
                 error={"code": "cancelled", "detail": f"cancelled by {actor}"},
             )
-        elif ticket.state == TicketState.RUNNING:
-            if ticket.cancel_requested_at is None:
-                update_fields(
-                    ticket_id=ticket_id,
-                    kind="cancel_requested",
-                    actor=actor,
-                    detail=why,
-                    cancel_requested_at=timezone.now(),
-                )
-                # The runtime stops the turn (tickets/ports.py: tickets never
-                # imports endpoints); the ticket is cancelled when the stop is proven.
-                endpoint_directory().request_interrupt(
-                    turn_id=ticket.turn_id, reason="cancel", actor=actor
-                )
-        else:
-            raise InvalidTransition(
-                f"ticket {ticket_id} is {ticket.state}: only queued, waiting or running "
-                "tickets can be cancelled",
-                state=ticket.state,
+            return None
+        if ticket.state == TicketState.RUNNING:
+            if ticket.cancel_requested_at is not None:
+                return None
+            update_fields(
+                ticket_id=ticket_id,
+                kind="cancel_requested",
+                actor=actor,
+                detail=why,
+                cancel_requested_at=timezone.now(),
             )
-    return Ticket.objects.get(id=ticket_id)
+            return ticket.turn_id
+        raise InvalidTransition(
+            f"ticket {ticket_id} is {ticket.state}: only queued, waiting or running "
+            "tickets can be cancelled",
+            state=ticket.state,
+        )
 
 
 __all__ = [
     "append_event",
-    "cancel_ticket",
+    "request_cancel",
     "set_recorded_fields",
     "transition",
     "update_fields",

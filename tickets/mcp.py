@@ -20,11 +20,11 @@ from core import fairshare, limits
 from core.errors import Invalid
 from core.schemas import Out, Strict
 from core.tools import Tool
+from endpoints.selectors import resolve_endpoint
 
 from . import api, selectors
 from . import search as search_terms
 from .models import TERMINAL_STATES
-from .ports import endpoint_directory
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
 
 # A wait holds the request's thread, as the API's ``wait_s`` does: never
@@ -145,7 +145,7 @@ def list_(request: HttpRequest, params: ListIn) -> dict[str, Any]:
 
 
 def search(request: HttpRequest, params: SearchIn) -> dict[str, Any]:
-    endpoint_id = endpoint_directory().resolve(params.endpoint).id if params.endpoint else None
+    endpoint_id = resolve_endpoint(params.endpoint).id if params.endpoint else None
     rows, next_cursor = selectors.find_tickets(
         user=request.user,
         q=params.q,
@@ -163,10 +163,6 @@ def events(request: HttpRequest, params: TicketIdIn) -> dict[str, Any]:
 
 def lineage(request: HttpRequest, params: TicketIdIn) -> dict[str, Any]:
     return api.get_lineage(request, params.ticket_id)
-
-
-def cancel(request: HttpRequest, params: TicketIdIn) -> dict[str, Any]:
-    return api.cancel(request, params.ticket_id)
 
 
 TOOLS = [
@@ -241,18 +237,5 @@ TOOLS = [
         params=TicketIdIn,
         output=LineageOut,
         run=lineage,
-    ),
-    Tool(
-        name="cancel_ticket",
-        title="Cancel a ticket",
-        description="Cancel a ticket (POST /api/v1/tickets/{id}/cancel): a queued or waiting "
-        "one is cancelled at once; a running one is asked to stop and changes state when its "
-        "turn stops. A finished ticket is invalid_transition.",
-        params=TicketIdIn,
-        output=TicketOut,
-        run=cancel,
-        read_only=False,
-        destructive=True,
-        idempotent=False,
     ),
 ]

@@ -13,8 +13,7 @@ from django.db import models
 from django.db.models import Q
 
 from core import limits
-
-from .ids import new_id
+from core.ids import new_id
 
 
 class TicketState(models.TextChoices):
@@ -107,11 +106,11 @@ class Ticket(models.Model):
     artifacts = models.JSONField(default=list, blank=True)
     # The exact turn registered for this ticket: the only one that may answer it.
     turn = models.ForeignKey(
-        "endpoints.Turn", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "runtime.Turn", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     # A waiting ticket completed by a callback's turn is attributed to that turn.
     completed_by_turn = models.ForeignKey(
-        "endpoints.Turn",
+        "runtime.Turn",
         null=True,
         blank=True,
         on_delete=models.PROTECT,
@@ -333,7 +332,7 @@ class TicketEvent(models.Model):
     # foreign key (a check on every turn event) and no index (nothing looks
     # events up by turn): tickets migration 0011.
     turn = models.ForeignKey(
-        "endpoints.Turn",
+        "runtime.Turn",
         null=True,
         blank=True,
         on_delete=models.DO_NOTHING,

@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from core import limits
 from core.errors import Forbidden, Invalid, InvalidTransition, NotFound
+from endpoints.selectors import is_owner
 
 from .events import update_fields
 from .models import ObligationState, Ticket
-from .ports import endpoint_directory
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _owned_open_ticket(*, ticket_id: uuid.UUID, user, doing: str) -> Ticket:
     ticket = Ticket.objects.select_for_update().filter(id=ticket_id).first()
     if ticket is None:
         raise NotFound(f"ticket {ticket_id} not found")
-    if not endpoint_directory().is_owner(user, ticket.endpoint):
+    if not is_owner(user, ticket.endpoint):
         raise Forbidden(f"only an owner of {ticket.endpoint.address} may {doing}")
     if ticket.obligation_state != ObligationState.OPEN:
         why = (

@@ -39,7 +39,7 @@ from django.utils import timezone
 
 log = logging.getLogger(__name__)
 
-# endpoints.runtime.HISTORY_ENTRIES: the context entries a turn is given.
+# runtime.turns.HISTORY_ENTRIES: the context entries a turn is given.
 KEEP_HISTORY = 20
 
 COUNTS = (
@@ -108,21 +108,21 @@ BEGIN
                       -- 2. anything a recovery case points at
                       OR EXISTS (SELECT 1 FROM recovery_recoverycase c WHERE c.ticket_id = t.id)
                       OR EXISTS (SELECT 1 FROM recovery_recoverycase c
-                                   JOIN endpoints_turn u ON u.id = c.turn_id
+                                   JOIN runtime_turn u ON u.id = c.turn_id
                                   WHERE u.ticket_id = t.id)
                       OR EXISTS (SELECT 1 FROM recovery_decision x WHERE x.rerun_ticket_id = t.id)
                       -- 3. a live turn, a held lock, recent history
-                      OR EXISTS (SELECT 1 FROM endpoints_turn u
+                      OR EXISTS (SELECT 1 FROM runtime_turn u
                                   WHERE u.ticket_id = t.id
                                     AND u.state IN ('running', 'interrupting'))
-                      OR EXISTS (SELECT 1 FROM endpoints_endpointlock l
-                                   JOIN endpoints_turn u ON u.id = l.holder_id
+                      OR EXISTS (SELECT 1 FROM runtime_endpointlock l
+                                   JOIN runtime_turn u ON u.id = l.holder_id
                                   WHERE u.ticket_id = t.id)
                       OR EXISTS (
-                          SELECT 1 FROM endpoints_contextentry ce
+                          SELECT 1 FROM runtime_contextentry ce
                            WHERE ce.ticket_id = t.id
                              AND ce.seq >= coalesce((
-                                 SELECT c2.seq FROM endpoints_contextentry c2
+                                 SELECT c2.seq FROM runtime_contextentry c2
                                   WHERE c2.endpoint_id = ce.endpoint_id
                                   ORDER BY c2.seq DESC OFFSET keep_history - 1 LIMIT 1), 0))
                       -- 4. links to another trace, either way
@@ -133,7 +133,7 @@ BEGIN
                                   WHERE (x.parent_id = t.id OR x.rerun_of_id = t.id
                                          OR x.callback_for_id = t.id)
                                     AND x.trace_id <> tr.id)
-                      OR EXISTS (SELECT 1 FROM endpoints_turn u
+                      OR EXISTS (SELECT 1 FROM runtime_turn u
                                    JOIN tickets_ticket y ON y.id = u.ticket_id
                                   WHERE u.id = t.completed_by_turn_id AND y.trace_id <> tr.id)
                   )
@@ -156,7 +156,7 @@ BEGIN
     SELECT coalesce(array_agg(t.id), '{{}}') INTO ticket_ids
       FROM tickets_ticket t WHERE t.trace_id = ANY(trace_ids);
     SELECT coalesce(array_agg(u.id), '{{}}') INTO turn_ids
-      FROM endpoints_turn u WHERE u.ticket_id = ANY(ticket_ids);
+      FROM runtime_turn u WHERE u.ticket_id = ANY(ticket_ids);
     SELECT coalesce(array_agg(d.id), '{{}}') INTO delivery_ids
       FROM tickets_delivery d WHERE d.ticket_id = ANY(ticket_ids);
 
@@ -166,7 +166,7 @@ BEGIN
     deliveries := pg_catalog.cardinality(delivery_ids);
     IF dry_run THEN
         SELECT count(*) INTO events FROM tickets_ticketevent e WHERE e.ticket_id = ANY(ticket_ids);
-        SELECT count(*) INTO context_entries FROM endpoints_contextentry ce
+        SELECT count(*) INTO context_entries FROM runtime_contextentry ce
          WHERE ce.ticket_id = ANY(ticket_ids) OR ce.turn_id = ANY(turn_ids);
         SELECT count(*) INTO callbacks FROM tickets_callback cb
          WHERE cb.source_id = ANY(ticket_ids) OR cb.ticket_id = ANY(ticket_ids);
@@ -187,13 +187,13 @@ BEGIN
     GET DIAGNOSTICS callbacks = ROW_COUNT;
     DELETE FROM tickets_ticketevent e WHERE e.ticket_id = ANY(ticket_ids);
     GET DIAGNOSTICS events = ROW_COUNT;
-    DELETE FROM endpoints_contextentry ce
+    DELETE FROM runtime_contextentry ce
      WHERE ce.ticket_id = ANY(ticket_ids) OR ce.turn_id = ANY(turn_ids);
     GET DIAGNOSTICS context_entries = ROW_COUNT;
     -- Tickets and turns point at each other; the foreign keys are checked
     -- at commit (DEFERRABLE INITIALLY DEFERRED), when both are gone.
     DELETE FROM tickets_ticket t WHERE t.id = ANY(ticket_ids);
-    DELETE FROM endpoints_turn u WHERE u.id = ANY(turn_ids);
+    DELETE FROM runtime_turn u WHERE u.id = ANY(turn_ids);
     DELETE FROM tickets_trace tr WHERE tr.id = ANY(trace_ids);
     PERFORM pg_catalog.set_config('claimcheck.pruning', 'off', true);
     RETURN NEXT;

@@ -19,11 +19,11 @@ from django.db import IntegrityError, transaction
 
 from core import limits
 from core.errors import Forbidden, Invalid, InvalidTransition
+from endpoints.selectors import is_owner
 
 from . import lifecycle
 from .admission import admit_ticket
 from .models import Ticket, TicketState
-from .ports import endpoint_directory
 from .selectors import get_visible_ticket
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,8 @@ def retry_ticket(
     if len(reason) > REASON_CHARS:
         raise Invalid(f"the reason is at most {REASON_CHARS} characters")
     original = get_visible_ticket(ticket_id, user=user)
-    directory = endpoint_directory()
     is_submitter = original.submitted_by_id is not None and original.submitted_by_id == user.pk
-    if not (is_submitter or directory.is_owner(user, original.endpoint)):
+    if not (is_submitter or is_owner(user, original.endpoint)):
         raise Forbidden(
             f"only an owner of {original.endpoint.address} or the ticket's submitter may retry it"
         )

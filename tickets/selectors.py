@@ -9,16 +9,14 @@ from typing import Any
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from core.errors import Invalid, NotFound
+from core.times import iso
+from endpoints.models import Endpoint
+from endpoints.selectors import owned_endpoint_ids
 
 from . import search
 from .models import CallbackState, DeliveryState, Ticket, TicketEvent, TicketState
-from .ports import endpoint_directory
 
 MAX_PAGE = 200
-
-
-def iso(value) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 # --- Who may see a ticket ---------------------------------------------------------------------
@@ -37,7 +35,7 @@ def visible_tickets(user) -> QuerySet[Ticket]:
     """
     if user is None or not user.is_authenticated:
         return Ticket.objects.none()
-    owned = endpoint_directory().owned_ids(user)
+    owned = owned_endpoint_ids(user)
     if owned is None:  # staff
         return Ticket.objects.all()
     mine = Q(submitted_by_id=user.id)
@@ -277,7 +275,7 @@ _HEX = frozenset("0123456789abcdef")
 
 def _uuid7_floor(moment) -> uuid.UUID:
     """The smallest UUIDv7 of ``moment``'s millisecond: ids are time-ordered
-    (``tickets.ids.new_id``), so a time range is an id range on the primary key.
+    (``core.ids.new_id``), so a time range is an id range on the primary key.
     A moment before 1970 is the smallest id (a UUIDv7 holds no earlier one)."""
     return uuid.UUID(int=max(0, int(moment.timestamp() * 1000)) << 80)
 
@@ -327,10 +325,8 @@ def find_tickets(
         branches = [base]
     else:
         branches = [base.filter(trace_id=q)]
-        # Every endpoint's id, read through the ticket's foreign key (tickets
-        # never imports endpoints: tickets/ports.py).
-        endpoints = Ticket._meta.get_field("endpoint").related_model
-        endpoint_ids = list(endpoints.objects.values_list("id", flat=True))
+        # Every endpoint's id.
+        endpoint_ids = list(Endpoint.objects.values_list("id", flat=True))
         # The unique (endpoint, dedupe_key) index serves "endpoint IN (all) AND key = q".
         branches.append(base.filter(endpoint_id__in=endpoint_ids, dedupe_key=q))
         fragment = id_fragment(q)

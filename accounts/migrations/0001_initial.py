@@ -1,6 +1,4 @@
-"""API keys (accounts.ApiKey). The table was the console's
-(``console_apikey``, created by console's first migration): this migration
-takes it over as it is, then renames it."""
+"""API keys (accounts.ApiKey)."""
 
 import django.db.models.deletion
 from django.conf import settings
@@ -8,43 +6,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     initial = True
 
     dependencies = [
-        ("console", "0002_apikey_to_accounts"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
-        migrations.SeparateDatabaseAndState(
-            state_operations=[
-                migrations.CreateModel(
-                    name="ApiKey",
-                    fields=[
-                        (
-                            "id",
-                            models.BigAutoField(
-                                auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                            ),
-                        ),
-                        ("name", models.CharField(blank=True, default="", max_length=100)),
-                        ("prefix", models.CharField(max_length=16, unique=True)),
-                        ("key_hash", models.CharField(max_length=64)),
-                        ("created_at", models.DateTimeField(auto_now_add=True)),
-                        ("revoked_at", models.DateTimeField(blank=True, null=True)),
-                        (
-                            "user",
-                            models.ForeignKey(
-                                on_delete=django.db.models.deletion.CASCADE,
-                                related_name="api_keys",
-                                to=settings.AUTH_USER_MODEL,
-                            ),
-                        ),
-                    ],
-                    options={"db_table": "console_apikey"},
-                )
+        migrations.CreateModel(
+            name='ApiKey',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(blank=True, default='', max_length=100)),
+                ('prefix', models.CharField(max_length=16, unique=True)),
+                ('key_hash', models.CharField(max_length=64)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('revoked_at', models.DateTimeField(blank=True, null=True)),
+                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to=settings.AUTH_USER_MODEL)),
             ],
-            database_operations=[],
         ),
-        migrations.AlterModelTable(name="apikey", table=None),
     ]

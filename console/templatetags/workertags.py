@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from django import template
 
-from endpoints.selectors import slot_holding
 from recovery.models import ProcessStop
+from runtime.selectors import slot_holding
 
 register = template.Library()
 

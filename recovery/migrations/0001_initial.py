@@ -1,8 +1,8 @@
 """The recovery tables. Inspections, decisions, lessons and case evidence
 are the audit record: append-only (core/append_only.py)."""
 
+import core.ids
 import django.db.models.deletion
-import tickets.ids
 from django.conf import settings
 from django.db import migrations, models
 
@@ -15,6 +15,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('endpoints', '0001_initial'),
+        ('runtime', '0002_ticket_links'),
         ('tickets', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
@@ -23,7 +24,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='RecoveryCase',
             fields=[
-                ('id', models.UUIDField(default=tickets.ids.new_id, editable=False, primary_key=True, serialize=False)),
+                ('id', models.UUIDField(default=core.ids.new_id, editable=False, primary_key=True, serialize=False)),
                 ('reason', models.TextField()),
                 ('state', models.CharField(choices=[('open', 'Open'), ('decided', 'Decided'), ('closed', 'Closed')], default='open', max_length=8)),
                 ('opened_at', models.DateTimeField()),
@@ -31,7 +32,7 @@ class Migration(migrations.Migration):
                 ('closed_at', models.DateTimeField(blank=True, null=True)),
                 ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='recovery_cases', to='endpoints.endpoint')),
                 ('ticket', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tickets.ticket')),
-                ('turn', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='endpoints.turn')),
+                ('turn', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='runtime.turn')),
             ],
             options={
                 'ordering': ['-opened_at'],
@@ -40,7 +41,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='ProcessStop',
             fields=[
-                ('id', models.UUIDField(default=tickets.ids.new_id, editable=False, primary_key=True, serialize=False)),
+                ('id', models.UUIDField(default=core.ids.new_id, editable=False, primary_key=True, serialize=False)),
                 ('rationale', models.TextField()),
                 ('worker', models.CharField(max_length=255)),
                 ('host', models.CharField(max_length=255)),
@@ -59,7 +60,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Lesson',
             fields=[
-                ('id', models.UUIDField(default=tickets.ids.new_id, editable=False, primary_key=True, serialize=False)),
+                ('id', models.UUIDField(default=core.ids.new_id, editable=False, primary_key=True, serialize=False)),
                 ('what_failed', models.TextField()),
                 ('evidence', models.TextField()),
                 ('prevention', models.TextField()),
@@ -74,7 +75,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Inspection',
             fields=[
-                ('id', models.UUIDField(default=tickets.ids.new_id, editable=False, primary_key=True, serialize=False)),
+                ('id', models.UUIDField(default=core.ids.new_id, editable=False, primary_key=True, serialize=False)),
                 ('snapshot', models.JSONField()),
                 ('sha256', models.CharField(max_length=64)),
                 ('created_at', models.DateTimeField()),
@@ -88,7 +89,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Decision',
             fields=[
-                ('id', models.UUIDField(default=tickets.ids.new_id, editable=False, primary_key=True, serialize=False)),
+                ('id', models.UUIDField(default=core.ids.new_id, editable=False, primary_key=True, serialize=False)),
                 ('action', models.CharField(choices=[('finalize_orphan', 'Finalize Orphan'), ('authorize_rerun', 'Authorize Rerun'), ('keep_quarantined', 'Keep Quarantined'), ('release', 'Release')], max_length=20)),
                 ('rationale', models.TextField()),
                 ('evidence', models.TextField(blank=True, default='')),
@@ -113,6 +114,7 @@ class Migration(migrations.Migration):
                 ('case', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='evidence', to='recovery.recoverycase')),
             ],
             options={
+                'verbose_name_plural': 'case evidence',
                 'ordering': ['id'],
             },
         ),

@@ -18,7 +18,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from endpoints.agents import idempotency_key
+from runtime.agents import idempotency_key
 
 
 def _say(text: str) -> ModelResponse:

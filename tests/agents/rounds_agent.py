@@ -21,7 +21,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from endpoints.agents import idempotency_key
+from runtime.agents import idempotency_key
 
 
 def _exchange(messages: list[ModelMessage]) -> tuple[str, list[ModelMessage]]:

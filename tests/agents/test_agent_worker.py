@@ -9,15 +9,15 @@ import signal
 
 import pytest
 
-from endpoints.models import Turn
 from recovery.models import RecoveryCase
+from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.agent"}
+AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"}
 TERMINAL = ("succeeded", "failed", "cancelled", "orphaned")
 
 
@@ -42,8 +42,8 @@ def settled(ticket: Ticket, timeout: float = 30) -> Ticket:
 @pytest.fixture
 def demo(make_endpoint):
     make_endpoint("demo.echo")
-    make_endpoint("demo.sleep", path="endpoints.demo.sleep")
-    make_endpoint("demo.fail", path="endpoints.demo.fail")
+    make_endpoint("demo.sleep", path="runtime.demo.sleep")
+    make_endpoint("demo.fail", path="runtime.demo.fail")
     make_endpoint("demo.agent", runner=AGENT)
 
 
@@ -103,9 +103,9 @@ def test_demo_agent_on_a_worker(celery_procs, demo, make_endpoint, api):
     # An approval-requiring tool waits for an owner and resumes after it.
     asking = ask("send ops")
     wait_for(lambda: state_of(asking.id) == "waiting", message="the approval wait")
-    call = api.get("/endpoints/demo.agent/approvals").json()[0]
+    call = api.get("/runtime/demo.agent/approvals").json()[0]
     decided = api.post(
-        f"/endpoints/demo.agent/approvals/{asking.id}/{call['call_id']}",
+        f"/runtime/demo.agent/approvals/{asking.id}/{call['call_id']}",
         {"approve": True, "reason": "ops asked for it"},
     )
     assert decided.status_code == 200, decided.json()

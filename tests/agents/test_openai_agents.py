@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from endpoints import runtime
-from endpoints.models import EndpointLock
+from runtime import turns as runtime
+from runtime.models import EndpointLock
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
@@ -24,7 +24,7 @@ AGENT = {
 @pytest.fixture
 def agent_ep(make_endpoint):
     make_endpoint("demo.echo")
-    make_endpoint("demo.fail", path="endpoints.demo.fail")
+    make_endpoint("demo.fail", path="runtime.demo.fail")
     return make_endpoint("sdk.agent", runner=AGENT)
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from endpoints import runtime
-from endpoints.models import ContextEntry, EndpointLock, Turn
+from runtime import turns as runtime
+from runtime.models import ContextEntry, EndpointLock, Turn
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
@@ -38,7 +38,7 @@ def framework(request):
 @pytest.fixture
 def agent_ep(make_endpoint, framework):
     make_endpoint("demo.echo")
-    make_endpoint("demo.fail", path="endpoints.demo.fail")
+    make_endpoint("demo.fail", path="runtime.demo.fail")
     return make_endpoint("rounds.agent", runner=RUNNERS[framework])
 
 
@@ -195,7 +195,7 @@ def test_a_round_whose_child_cannot_be_admitted_fails_the_exchange(agent_ep):
 def test_an_exchange_cut_by_the_history_window_is_not_resumed_or_recalled():
     """An exchange whose first turn is older than the entries a turn reads
     is not whole: left out of the conversation, and an error to resume."""
-    from endpoints.agents import memory
+    from runtime.agents import memory
 
     def entry(seq: int, ticket: str, exchange: str, status: str) -> dict:
         pointer = memory.store(

@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.django_db
 
-AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.agent"}
+AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"}
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ class Ledger:
     def quarantine(self, address: str) -> str:
         """Drive ``address``'s next turn into quarantine with the runtime's
         own steps (start, interrupt, grace runs out); returns the case id."""
-        from endpoints import runtime
+        from runtime import turns as runtime
         from tickets.admission import admit_ticket
 
         ticket = admit_ticket(endpoint=address, input={"seconds": 60}).ticket

@@ -147,7 +147,7 @@ def test_dedupe_conflict_names_the_ticket_holding_the_key(cc, endpoint):
 
 
 def test_a_quarantined_endpoint_refuses_with_its_case(cc, endpoint, ledger):
-    endpoint("q-stuck", path="endpoints.demo.stuck", interrupt_grace_s=0.05)
+    endpoint("q-stuck", path="runtime.demo.stuck", interrupt_grace_s=0.05)
     case = ledger.quarantine("q-stuck")
     with pytest.raises(EndpointQuarantined) as info:
         cc.submit("q-stuck", {"seconds": 1})
@@ -280,7 +280,7 @@ def test_events_and_lineage_are_typed(cc, endpoint):
 
 @pytest.mark.integration
 def test_wait_returns_the_terminal_ticket_by_long_polling(worker, server, api_key, endpoint):
-    endpoint("w-sleep", path="endpoints.demo.sleep")
+    endpoint("w-sleep", path="runtime.demo.sleep")
     counting = Counting()
     with Client(server, api_key, transport=counting) as cc:
         ticket = cc.submit("w-sleep", {"seconds": 2})
@@ -297,7 +297,7 @@ def test_wait_returns_the_terminal_ticket_by_long_polling(worker, server, api_ke
 
 @pytest.mark.integration
 def test_wait_gives_back_an_unfinished_ticket_at_its_deadline(worker, cc, endpoint):
-    endpoint("w-long", path="endpoints.demo.sleep")
+    endpoint("w-long", path="runtime.demo.sleep")
     ticket = cc.submit("w-long", {"seconds": 10})
     started = time.monotonic()
     seen = cc.wait(ticket.id, timeout=0.5)

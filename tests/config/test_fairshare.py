@@ -15,6 +15,7 @@ import pytest
 
 from accounts.keys import create_api_key
 from core import fairshare
+from runtime import services as runtime_services
 from tests.conftest import wait_for
 from tickets.models import Ticket
 
@@ -167,7 +168,6 @@ def test_mcp_waits_take_a_wait_slot_and_none_free_is_rate_limited(
     while it waits, like the API's ``wait_s``; with none free it is a tool
     error with the API's 429 ``rate_limited`` body, naming the limit."""
     from tickets import api as tickets_api
-    from tickets import lifecycle
     from tickets.admission import admit_ticket
 
     make_endpoint("idle")  # no worker: its ticket stays queued
@@ -230,6 +230,6 @@ def test_mcp_waits_take_a_wait_slot_and_none_free_is_rate_limited(
     body = wait_for_ticket(30)["structuredContent"]
     assert body["error"] == "rate_limited" and "API_WAIT_SLOTS" in body["detail"]
     # A ticket already ended needs no wait, and no slot.
-    lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test")
+    runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test")
     done = wait_for_ticket(30)
     assert done["isError"] is False and done["structuredContent"]["state"] == "cancelled"

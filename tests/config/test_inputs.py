@@ -117,7 +117,7 @@ def test_unstorable_text_in_a_patch_body_is_400(api, make_endpoint):
     make_endpoint("alpha")
     resp = api.patch("/endpoints/alpha", {"runner": {"kind": "python", "path": "x\x00"}})
     assert_refused(resp, "runner.path")
-    assert Endpoint.objects.get(address="alpha").runner["path"] == "endpoints.demo.echo"
+    assert Endpoint.objects.get(address="alpha").runner["path"] == "runtime.demo.echo"
 
 
 def test_nul_in_the_idempotency_key_header_is_400(api, make_endpoint):

@@ -161,7 +161,7 @@ def test_routine_sweep_lines_are_debug_and_secrets_are_masked(caplog):
         "",
         0,
         "Task %(name)s[%(id)s] succeeded",
-        {"name": "endpoints.sweep_budgets", "id": "x"},
+        {"name": "runtime.sweep_budgets", "id": "x"},
         None,
     )
     assert logs.RoutineFilter().filter(record) is False and record.levelno == logging.DEBUG
@@ -171,7 +171,7 @@ def test_routine_sweep_lines_are_debug_and_secrets_are_masked(caplog):
         "",
         0,
         "Task %(name)s[%(id)s] succeeded",
-        {"name": "endpoints.run_ticket", "id": "x"},
+        {"name": "runtime.run_ticket", "id": "x"},
         None,
     )
     assert logs.RoutineFilter().filter(turn) is True and turn.levelno == logging.INFO

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from endpoints import runtime
 from endpoints.services import create_endpoint
 from recovery.models import RecoveryCase
+from runtime import turns as runtime
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -12,7 +12,7 @@ from tickets.models import Ticket
 
 def echo_endpoint(address: str, **settings):
     return create_endpoint(
-        address=address, runner={"kind": "python", "path": "endpoints.demo.echo"}, **settings
+        address=address, runner={"kind": "python", "path": "runtime.demo.echo"}, **settings
     )
 
 
@@ -55,11 +55,11 @@ def waiting_family(prefix: str, owner_username: str):
     from recovery.services import decide, inspect_case  # noqa: PLC0415
 
     create_endpoint(
-        address=f"{prefix}.research", runner={"kind": "python", "path": "endpoints.demo.research"}
+        address=f"{prefix}.research", runner={"kind": "python", "path": "runtime.demo.research"}
     )
     create_endpoint(
         address=f"{prefix}.child",
-        runner={"kind": "python", "path": "endpoints.demo.stuck"},
+        runner={"kind": "python", "path": "runtime.demo.stuck"},
         interrupt_grace_s=0.05,
     )
     owner = create_owner(

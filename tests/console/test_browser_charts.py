@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from console.owners import create_owner
-from endpoints import runtime
+from runtime import turns as runtime
 from tickets.admission import admit_ticket
 
 from .helpers import echo_endpoint

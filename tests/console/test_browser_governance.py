@@ -11,8 +11,9 @@ import pytest
 from playwright.sync_api import expect
 
 from console.owners import create_owner
-from endpoints import runtime
-from endpoints.models import ChangeProposal, Endpoint, Turn
+from endpoints.models import ChangeProposal, Endpoint
+from runtime import turns as runtime
+from runtime.models import Turn
 from tickets.admission import admit_ticket
 
 from .helpers import quarantined_case

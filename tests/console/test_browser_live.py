@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from console.owners import create_owner
-from tickets import lifecycle
+from runtime import services as runtime_services
 from tickets.admission import admit_ticket
 
 from .helpers import echo_endpoint
@@ -59,7 +59,7 @@ def test_the_ticket_page_shows_a_change_at_once_and_is_quiet_meanwhile(page, liv
     # Each watch that found nothing changed says the page is current.
     assert page.locator("#live-updated-at").get_attribute("datetime") > heard_at
 
-    lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="changed elsewhere")
+    runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="changed elsewhere")
     changed = time.monotonic()
     expect(state).to_contain_text("cancelled", timeout=4_000)
     assert time.monotonic() - changed < 4
@@ -87,7 +87,7 @@ def test_paused_refresh_watches_nothing(page, live_server):
     page.get_by_role("button", name="Live refresh: on").click()
     page.wait_for_function("() => !document.getElementById('ticket').claimcheckWatch")
     seen = region_requests(page)
-    lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="while paused")
+    runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="while paused")
     page.wait_for_timeout(2_000)
     assert seen == [] and "queued" in page.locator("#ticket dl.kv").first.inner_text()
     page.get_by_role("button", name="Live refresh: paused").click()

@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import expect
 
 from console.owners import create_owner
-from endpoints import runtime
+from runtime import turns as runtime
 from tickets.admission import admit_ticket
 from tickets.models import DeliveryState, Ticket, TicketEvent, TicketState
 
@@ -288,8 +288,8 @@ def test_a_held_slot_is_flagged_shown_on_the_workers_page_and_stopped_by_its_own
     flags the held slot, the workers page shows it, and the case page lets
     the owner (staff here, so both pages are open to them) ask that worker
     to stop that process."""
-    from endpoints import registry
     from recovery import services as recovery
+    from runtime import registry
 
     page = axe_page
     # The worker below heartbeats once; the axe-core runs before the stop

@@ -12,7 +12,8 @@ import pytest
 from playwright.sync_api import expect
 
 from console.owners import create_owner
-from endpoints.models import EndpointEvent, Worker, WorkerEvent
+from endpoints.models import EndpointEvent
+from runtime.models import Worker, WorkerEvent
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket

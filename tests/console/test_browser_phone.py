@@ -24,8 +24,9 @@ from playwright.sync_api import expect
 
 from console import preferences
 from console.owners import create_owner
-from endpoints import registry, runtime
 from recovery import services as recovery
+from runtime import registry
+from runtime import turns as runtime
 from tickets.admission import admit_ticket
 
 from .helpers import echo_endpoint, finished_gated_ticket, quarantined_case

@@ -13,10 +13,10 @@ import pytest
 from playwright.sync_api import expect
 
 from console.owners import create_owner
-from endpoints import runtime
 from endpoints.services import create_endpoint
 from recovery import services as recovery
-from tickets import lifecycle
+from runtime import services as runtime_services
+from runtime import turns as runtime
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
@@ -29,10 +29,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 def test_retry_one_with_a_new_input_then_all_shown_with_refusals_listed(page, live_server):
     echo_endpoint("web.echo", turn_budget_s=30)
-    create_endpoint(address="web.fail", runner={"kind": "python", "path": "endpoints.demo.fail"})
+    create_endpoint(address="web.fail", runner={"kind": "python", "path": "runtime.demo.fail"})
     create_owner(username="olive", password=PASSWORD, endpoints=["web.echo", "web.fail"])
     cancelled = admit_ticket(endpoint="web.echo", input={"q": "old"}).ticket
-    lifecycle.cancel_ticket(ticket_id=cancelled.id, actor="test", reason="withdrawn")
+    runtime_services.cancel_ticket(ticket_id=cancelled.id, actor="test", reason="withdrawn")
     failed = admit_ticket(endpoint="web.fail", input={"q": 2}).ticket
     runtime.run_ticket(ticket_id=failed.id)
     done = admit_ticket(endpoint="web.echo", input={"q": 3}).ticket

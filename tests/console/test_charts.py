@@ -10,8 +10,8 @@ import pytest
 
 from console import selectors
 from console.owners import create_owner
-from endpoints import runtime
 from recovery import services as recovery
+from runtime import turns as runtime
 from tickets.admission import admit_ticket
 
 from .helpers import echo_endpoint, quarantined_case
@@ -94,7 +94,7 @@ def test_a_failed_tickets_obligation_does_not_say_its_result_is_ready(client):
     from endpoints.services import create_endpoint  # noqa: PLC0415
     from tickets.selectors import get_ticket  # noqa: PLC0415
 
-    create_endpoint(address="chart.fail", runner={"kind": "python", "path": "endpoints.demo.fail"})
+    create_endpoint(address="chart.fail", runner={"kind": "python", "path": "runtime.demo.fail"})
     ticket = admit_ticket(endpoint="chart.fail", input={}).ticket
     runtime.run_ticket(ticket_id=ticket.id)
     says = requester_lacks(get_ticket(ticket.id))

@@ -16,10 +16,11 @@ from django.test import Client
 
 from console.owners import create_owner
 from core.dispatch import DISPATCH_CHANNEL
-from endpoints import runtime
+from runtime import services as runtime_services
+from runtime import turns as runtime
 from tests.conftest import listener_wakeups, wait_for, waiting_on
-from tickets import lifecycle, waits
 from tickets import selectors as ticket_selectors
+from tickets import waits
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketState
 
@@ -83,7 +84,7 @@ def test_a_watch_sleeps_until_the_tickets_event_commits(olive):
     wait_until_waiting(str(ticket.id))
     listener_wakeups(20)  # it keeps waiting: nothing of its ticket changed
     assert watch.answer is None
-    lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="watch me")
+    runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="watch me")
     answer = watch.result(timeout=10).json()
     assert watch.took < 10  # woken, not timed out (CONSOLE_LIVE_WAIT_S is 20)
     assert answer == {
@@ -97,7 +98,7 @@ def test_a_watch_sleeps_until_the_tickets_event_commits(olive):
 def test_a_stale_token_answers_at_once(olive):
     ticket = admit_ticket(endpoint="live.a", input={}).ticket
     stale = ticket_selectors.change_token(ticket.id)
-    lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="moved on")
+    runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="moved on")
     started = time.monotonic()
     answer = logged_in(olive).get(URL, {"ticket": str(ticket.id), "token": stale})
     assert time.monotonic() - started < 2
@@ -151,7 +152,7 @@ def test_every_path_that_writes_an_event_notifies(olive):
         assert Ticket.objects.get(id=ran.id).state == TicketState.SUCCEEDED
         cancelled = admit_ticket(endpoint="live.b", input={}).ticket
         heard()
-        lifecycle.cancel_ticket(ticket_id=cancelled.id, actor="test", reason="heard")
+        runtime_services.cancel_ticket(ticket_id=cancelled.id, actor="test", reason="heard")
         assert heard() == {(waits.TICKET_CHANNEL, str(cancelled.id))}
 
 

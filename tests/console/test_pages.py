@@ -358,7 +358,7 @@ def test_dashboard_lists_quarantined_endpoints_with_their_case(client, viewer, c
 
 
 def test_dashboard_flags_a_held_slot_and_a_starved_endpoint(client, member, viewer, case, echo):
-    from endpoints import registry
+    from runtime import registry
 
     # One turns worker with one slot, its pool process still inside the
     # quarantined turn's callable (what a real worker records: registry).
@@ -385,7 +385,7 @@ def test_dashboard_flags_a_held_slot_and_a_starved_endpoint(client, member, view
 
 
 def test_dashboard_has_no_capacity_flag_when_slots_are_free(client, viewer, echo):
-    from endpoints import registry
+    from runtime import registry
 
     registry.register_worker(name="turns@a", host="a", pid=1, queues=["turns"], pool_size=2)
     admit_ticket(endpoint=echo.address, input={"n": 1})

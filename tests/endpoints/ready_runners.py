@@ -10,8 +10,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from endpoints import demo
-from endpoints.runners import TurnContext
+from runtime import demo
+from runtime.runners import TurnContext
 
 
 def _ready(ctx: TurnContext) -> None:

@@ -13,9 +13,10 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from endpoints import runtime
-from endpoints.models import Endpoint, EndpointLock, Turn
+from endpoints.models import Endpoint
 from recovery.models import CaseEvidence, RecoveryCase
+from runtime import turns as runtime
+from runtime.models import EndpointLock, Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 # The sweeps that would dispatch, replay or stop a turn (core/sweeps.py).
-SWEEPS = ("endpoints.sweep_budgets", "endpoints.sweep_lost_dispatches")
+SWEEPS = ("runtime.sweep_budgets", "runtime.sweep_lost_dispatches")
 
 
 def state_of(ticket_id) -> str:
@@ -33,7 +34,7 @@ def state_of(ticket_id) -> str:
 
 @pytest.mark.integration
 def test_sleep_over_budget_stops_cooperatively_and_the_next_ticket_runs(worker, make_endpoint):
-    make_endpoint("nap", path="endpoints.demo.sleep", turn_budget_s=1, interrupt_grace_s=5)
+    make_endpoint("nap", path="runtime.demo.sleep", turn_budget_s=1, interrupt_grace_s=5)
     slow = admit_ticket(endpoint="nap", input={"seconds": 60}).ticket
     quick = admit_ticket(endpoint="nap", input={"seconds": 0}).ticket
     wait_for(lambda: state_of(slow.id) == "failed", timeout=20, message="the slow turn to stop")
@@ -53,7 +54,7 @@ def test_stuck_over_budget_is_quarantined_and_fails_closed(celery_procs, make_en
     worker = celery_procs
     worker.env["LOG_LEVEL"] = "DEBUG"  # the sweeps' runs are DEBUG lines (core/logs.py)
     worker.worker_and_beat()
-    make_endpoint("glue", path="endpoints.demo.stuck", turn_budget_s=1, interrupt_grace_s=1)
+    make_endpoint("glue", path="runtime.demo.stuck", turn_budget_s=1, interrupt_grace_s=1)
     stuck = api.post(
         "/tickets", {"endpoint": "glue", "input": {"seconds": 6}, "dedupe_key": "s1"}
     ).json()
@@ -114,7 +115,7 @@ def test_worker_killed_mid_turn_ends_in_quarantine_without_replay(celery_procs, 
     celery_procs.worker("turns", queues="turns", concurrency=1)
     make_endpoint(
         "fragile",
-        path="endpoints.demo.sleep",
+        path="runtime.demo.sleep",
         heartbeat_timeout_s=1.5,
         interrupt_grace_s=1,
         turn_budget_s=300,
@@ -181,7 +182,7 @@ def test_command_that_ignores_sigterm_is_killed_and_its_exit_is_evidence(
 
 
 def _running_turn(make_endpoint, **kw):
-    endpoint = make_endpoint(path="endpoints.demo.sleep", **kw)
+    endpoint = make_endpoint(path="runtime.demo.sleep", **kw)
     ticket = admit_ticket(endpoint=endpoint.address, input={}).ticket
     started = runtime.start_turn(ticket_id=ticket.id)
     assert started is not None

@@ -17,10 +17,11 @@ from django.db import IntegrityError, OperationalError
 
 from core.errors import StaleTurn
 from core.transient import is_transient, retry_transient
-from endpoints import runners, runtime
-from endpoints.models import ContextEntry, EndpointLock, Turn
-from endpoints.runners import Outcome
-from endpoints.runtime import execute, heartbeats
+from runtime import runners
+from runtime import turns as runtime
+from runtime.models import ContextEntry, EndpointLock, Turn
+from runtime.runners import Outcome
+from runtime.turns import execute, heartbeats
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
@@ -169,8 +170,8 @@ def test_a_different_outcome_for_an_ended_turn_is_still_stale_evidence(make_endp
 @pytest.mark.django_db(transaction=True)
 def test_a_repeated_failure_or_wait_outcome_is_recognised_too(make_endpoint):
     make_endpoint("demo.echo")
-    make_endpoint("lab", path="endpoints.demo.research")
-    make_endpoint("broken", path="endpoints.demo.fail")
+    make_endpoint("lab", path="runtime.demo.research")
+    make_endpoint("broken", path="runtime.demo.fail")
     for address, expected in (("lab", "waiting"), ("broken", "failed")):
         ticket = admit_ticket(endpoint=address, input={"children": 1}).ticket
         started = runtime.start_turn(ticket_id=ticket.id)
@@ -282,7 +283,7 @@ def test_a_runner_heartbeat_during_an_outage_does_not_fail_the_runner(make_endpo
 @pytest.mark.django_db(transaction=True)
 def test_a_childs_finish_that_lost_its_reply_sends_one_callback(make_endpoint, monkeypatch):
     make_endpoint("demo.echo")
-    make_endpoint("lab", path="endpoints.demo.research")
+    make_endpoint("lab", path="runtime.demo.research")
     root = admit_ticket(endpoint="lab", input={"children": 1}).ticket
     runtime.run_ticket(ticket_id=root.id)
     [child] = Ticket.objects.filter(parent=root)
@@ -313,7 +314,7 @@ def test_a_start_that_gives_up_leaves_the_ticket_to_the_lost_dispatch_sweep(
     assert t.state == "queued" and not Turn.objects.filter(ticket=t).exists()
     settings.REDISPATCH_AFTER_S = 0
     assert runtime.sweep_lost_dispatches() == [ticket.id]
-    assert ("endpoints.run_ticket", [str(ticket.id)]) in queued_tasks("turns")
+    assert ("runtime.run_ticket", [str(ticket.id)]) in queued_tasks("turns")
 
 
 # --- reads between start and finish -----------------------------------------------------------

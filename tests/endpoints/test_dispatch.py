@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from endpoints import runtime
+from runtime import turns as runtime
+from runtime.services import cancel_ticket
 from tests.conftest import broker_queue_length, purge_broker, queued_tasks
 from tickets.admission import admit_ticket
-from tickets.lifecycle import cancel_ticket
 from tickets.models import Ticket
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,7 +53,7 @@ def test_admissions_behind_a_held_lock_publish_nothing_until_the_release(make_en
     assert marked("one") == [t.id for t in queued]
     succeed(started)
     # The release published the oldest marked ticket, and only that one.
-    assert queued_tasks("turns")[-1] == ("endpoints.run_ticket", [str(queued[0].id)])
+    assert queued_tasks("turns")[-1] == ("runtime.run_ticket", [str(queued[0].id)])
     assert broker_queue_length("turns") == 2
     assert marked("one") == [queued[1].id, queued[2].id]
     for ticket in queued:  # the chain: each release publishes the next
@@ -74,11 +74,11 @@ def test_a_release_and_the_next_pass_publish_one_message_for_the_oldest_marked_t
     assert runtime.dispatch_owed() == [a.id]  # one message per free endpoint
     started = runtime.start_turn(ticket_id=a.id)
     succeed(started)  # a's release publishes b, the oldest marked
-    assert queued_tasks("turns")[-1] == ("endpoints.run_ticket", [str(b.id)])
+    assert queued_tasks("turns")[-1] == ("runtime.run_ticket", [str(b.id)])
     assert marked("two") == [c.id]
     assert runtime.dispatch_owed() == []  # b's message is in flight: nothing for c yet
     assert runtime.run_ticket(ticket_id=b.id) is not None  # b's release publishes c
-    assert queued_tasks("turns")[-1] == ("endpoints.run_ticket", [str(c.id)])
+    assert queued_tasks("turns")[-1] == ("runtime.run_ticket", [str(c.id)])
     assert runtime.run_ticket(ticket_id=c.id) is not None
     assert broker_queue_length("turns") == 3  # one message per turn
     states = set(Ticket.objects.filter(endpoint__address="two").values_list("state", flat=True))
@@ -103,8 +103,8 @@ def test_a_pass_leaves_alone_an_endpoint_whose_oldest_ticket_has_its_message_in_
     assert runtime.run_ticket(ticket_id=a.id) is not None  # a's release publishes b
     assert runtime.dispatch_owed() == []
     assert queued_tasks("turns") == [
-        ("endpoints.run_ticket", [str(a.id)]),
-        ("endpoints.run_ticket", [str(b.id)]),
+        ("runtime.run_ticket", [str(a.id)]),
+        ("runtime.run_ticket", [str(b.id)]),
     ]
     # b's message is in flight: a ticket admitted now waits for b's release,
     # unless b is cancelled meanwhile (it no longer holds the endpoint back).
@@ -154,7 +154,7 @@ def test_a_message_that_starts_an_older_ticket_marks_its_own(make_endpoint):
     assert started.ticket.id == a.id  # FIFO: the oldest runs
     assert marked("three") == [b.id]
     succeed(started)
-    assert queued_tasks("turns")[-1] == ("endpoints.run_ticket", [str(b.id)])
+    assert queued_tasks("turns")[-1] == ("runtime.run_ticket", [str(b.id)])
 
 
 def test_a_release_with_nothing_marked_publishes_nothing(make_endpoint):

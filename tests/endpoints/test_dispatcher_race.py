@@ -22,9 +22,9 @@ from unittest import mock
 import pytest
 from django.db import close_old_connections, connections
 
-from endpoints import runtime
-from endpoints.dispatcher import Dispatcher
-from endpoints.models import Turn
+from runtime import turns as runtime
+from runtime.dispatcher import Dispatcher
+from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import TERMINAL_STATES, Ticket, TicketEvent

@@ -10,7 +10,7 @@ from accounts.keys import create_api_key
 
 pytestmark = pytest.mark.django_db
 
-RUNNER = {"kind": "python", "path": "endpoints.demo.echo"}
+RUNNER = {"kind": "python", "path": "runtime.demo.echo"}
 
 
 def test_staff_creates_an_endpoint_with_its_lock(api, staff_user):
@@ -99,19 +99,18 @@ def test_patch_rejects_bad_values(api, make_endpoint):
 @pytest.mark.django_db(transaction=True)
 def test_an_endpoint_is_shown_from_one_snapshot(make_endpoint, monkeypatch):
     """A change that commits while the payload is being read (here: a ticket
-    admitted between the open-case read and the queued count) does not show
-    in half of it. Read one by one, CI once saw a quarantine's open case
-    beside the state "available"."""
+    admitted between the lock's read and the queued count) does not show
+    in half of it."""
     from django.db import connections
 
-    from endpoints import selectors
+    from runtime import selectors
     from tickets.admission import admit_ticket
 
     endpoint = make_endpoint("snap.shot")
-    original = selectors.open_case_id
+    original = selectors.runner_spec.public_view
 
-    def meanwhile(endpoint_id):
-        found = original(endpoint_id)  # the snapshot is taken by now
+    def meanwhile(runner):
+        found = original(runner)  # the snapshot is taken by now
 
         def admit():
             admit_ticket(endpoint="snap.shot", input={})
@@ -122,9 +121,9 @@ def test_an_endpoint_is_shown_from_one_snapshot(make_endpoint, monkeypatch):
         thread.join(10)
         return found
 
-    monkeypatch.setattr(selectors, "open_case_id", meanwhile)
+    monkeypatch.setattr(selectors.runner_spec, "public_view", meanwhile)
     assert selectors.endpoint_payload(endpoint, user=None)["queued"] == 0  # as of the snapshot
-    monkeypatch.setattr(selectors, "open_case_id", original)
+    monkeypatch.setattr(selectors.runner_spec, "public_view", original)
     assert (
         selectors.endpoint_payload(endpoint, user=None)["queued"] == 1
     )  # committed: seen next time

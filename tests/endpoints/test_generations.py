@@ -11,7 +11,7 @@ import pytest
 from django.db import DatabaseError, connection
 
 from core.errors import InvalidTransition, NotFound, SecondPersonRequired, StaleGeneration
-from endpoints import proposals, runtime, services
+from endpoints import proposals, services
 from endpoints.generation_selectors import proposal_payload, side_by_side
 from endpoints.models import (
     ChangeProposal,
@@ -20,12 +20,13 @@ from endpoints.models import (
     EndpointGeneration,
     RouteGeneration,
 )
-from endpoints.runners import Outcome
-from endpoints.runtime.execute import run_ticket
+from runtime import turns as runtime
+from runtime.runners import Outcome
+from runtime.turns.execute import run_ticket
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
-ECHO = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
+ECHO = {"kind": "python", "path": "runtime.demo.echo", "isolation": "inline"}
 NOTES = {"kind": "python", "path": "tests.endpoints.notes_runner.echo_notes", "isolation": "inline"}
 
 

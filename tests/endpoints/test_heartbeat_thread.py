@@ -1,5 +1,5 @@
 """One heartbeat thread per worker process beats every turn the process runs
-(endpoints/runtime/heartbeats.py): a turn costs no thread of its own, each
+(runtime/turns/heartbeats.py): a turn costs no thread of its own, each
 turn still beats on its own interval, a stopped turn beats no more, and an
 idle process holds no database session for it. Against the real test
 database."""
@@ -11,9 +11,9 @@ import threading
 import pytest
 from django.db import connection
 
-from endpoints import runtime
-from endpoints.models import Turn
-from endpoints.runtime import heartbeats
+from runtime import turns as runtime
+from runtime.models import Turn
+from runtime.turns import heartbeats
 from tickets.admission import admit_ticket
 
 from ..conftest import wait_for
@@ -77,7 +77,7 @@ def test_turns_of_one_process_share_one_heartbeat_thread_each_on_its_own_interva
 
 @pytest.mark.django_db(transaction=True)
 def test_back_to_back_turns_start_no_thread_and_an_idle_process_holds_no_session(make_endpoint):
-    make_endpoint("hbseq", path="endpoints.demo.sleep", isolation="inline", heartbeat_timeout_s=1)
+    make_endpoint("hbseq", path="runtime.demo.sleep", isolation="inline", heartbeat_timeout_s=1)
     before = heartbeats._thread()
     wait_for(lambda: not before._connected, timeout=10, message="an idle heartbeat thread")
     sessions = _sessions_of_this_process()  # other threads' (a live server's, say)

@@ -10,8 +10,9 @@ import threading
 import pytest
 from django.db import connection
 
-from endpoints import runners, runtime
-from endpoints.models import Turn
+from runtime import runners
+from runtime import turns as runtime
+from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 
@@ -30,7 +31,7 @@ def test_a_cooperative_turn_stops_within_a_grace_shorter_than_the_heartbeat_time
     grace = 3.0
     make_endpoint(
         "latency.sleep",
-        path="endpoints.demo.sleep",
+        path="runtime.demo.sleep",
         heartbeat_timeout_s=30,  # a beat every 5 s unless the grace asks for more
         interrupt_grace_s=grace,
     )

@@ -12,9 +12,10 @@ import time
 import pytest
 
 from core.errors import Invalid
-from endpoints.models import Endpoint, Turn
+from endpoints.models import Endpoint
 from endpoints.services import validate_runner
 from recovery.models import RecoveryCase
+from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 # Budget 1 s, grace 1 s, kill_after 0.5 s: the escalation ends within ~3 s of
 # the deadline; 2 sweep intervals are 1 s.
 STUBBORN = dict(turn_budget_s=1, interrupt_grace_s=1)
-RUNNER = {"kind": "python", "path": "endpoints.demo.stubborn", "kill_after_s": 0.5}
+RUNNER = {"kind": "python", "path": "runtime.demo.stubborn", "kill_after_s": 0.5}
 # The same, announcing (a file) once its callable runs and ignores SIGTERM.
 READY_RUNNER = {**RUNNER, "path": "tests.endpoints.ready_runners.stubborn"}
 READY_SLEEP = "tests.endpoints.ready_runners.sleep"
@@ -109,7 +110,7 @@ def test_two_stubborn_turns_do_not_eat_a_two_slot_pool(celery_procs, make_endpoi
 
 @pytest.mark.integration
 def test_an_honouring_isolated_turn_stops_cooperatively(worker, make_endpoint):
-    make_endpoint("iso.nap", path="endpoints.demo.sleep", turn_budget_s=1, interrupt_grace_s=5)
+    make_endpoint("iso.nap", path="runtime.demo.sleep", turn_budget_s=1, interrupt_grace_s=5)
     t = admit_ticket(endpoint="iso.nap", input={"seconds": 60}).ticket
     wait_for(lambda: state_of(t.id) == "failed", timeout=20, message="the turn to stop")
     turn = Turn.objects.get(ticket=t)
@@ -123,7 +124,7 @@ def test_an_honouring_isolated_turn_stops_cooperatively(worker, make_endpoint):
 def test_an_isolated_turn_reaches_the_database_through_its_supervisor(worker, make_endpoint):
     """children_of and heartbeat are answered by the supervising worker."""
     make_endpoint("iso.echo2")
-    make_endpoint("iso.research", path="endpoints.demo.research")
+    make_endpoint("iso.research", path="runtime.demo.research")
     root = admit_ticket(
         endpoint="iso.research", input={"children": 2, "child_endpoint": "iso.echo2"}
     ).ticket
@@ -133,7 +134,7 @@ def test_an_isolated_turn_reaches_the_database_through_its_supervisor(worker, ma
 
 
 def test_runner_isolation_and_kill_after_are_validated(db):
-    ok = {"kind": "python", "path": "endpoints.demo.echo"}
+    ok = {"kind": "python", "path": "runtime.demo.echo"}
     assert validate_runner({**ok, "isolation": "inline"})["isolation"] == "inline"
     assert validate_runner({**ok, "isolation": "process", "kill_after_s": 2})
     for bad in (
@@ -148,7 +149,7 @@ def test_runner_isolation_and_kill_after_are_validated(db):
 
 
 def test_the_stop_window_covers_the_escalation_only_for_isolated_turns():
-    from endpoints import runners
+    from runtime import runners
 
     iso = {"kind": "python", "path": "x.y", "kill_after_s": 2}
     inline = {**iso, "isolation": "inline"}
@@ -208,8 +209,8 @@ def test_an_outcome_sent_just_before_the_child_exits_is_not_lost():
     import threading
     import types
 
-    from endpoints import isolation
-    from endpoints.runners import Outcome
+    from runtime import isolation
+    from runtime.runners import Outcome
 
     mp = multiprocessing.get_context("fork")
     parent_conn, child_conn = mp.Pipe(duplex=True)

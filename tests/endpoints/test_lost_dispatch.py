@@ -1,5 +1,5 @@
 """The lost-dispatch sweep re-publishes only messages that are really gone
-(endpoints/runtime/dispatch.py): a queued ticket whose message waits in the
+(runtime/turns/dispatch.py): a queued ticket whose message waits in the
 broker's queue, or is held reserved by a live worker whose every slot is
 busy, only waits for a slot. Real Redis; a real worker for the reservation."""
 
@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
-from endpoints import runtime
+from runtime import turns as runtime
 from tests.conftest import broker_queue_length, purge_broker, queued_tasks, wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -45,7 +45,7 @@ def test_a_ticket_waiting_in_the_queue_is_not_redispatched(make_endpoint, settin
     b = admit_ticket(endpoint="lost.b", input={}).ticket
     assert sorted(runtime.dispatch_owed()) == sorted([a.id, b.id])  # no worker: both wait
     settings.REDISPATCH_AFTER_S = 0
-    caplog.set_level(logging.INFO, logger="endpoints.runtime.dispatch")
+    caplog.set_level(logging.INFO, logger="runtime.turns.dispatch")
     for _ in range(3):
         assert runtime.sweep_lost_dispatches() == []
     assert broker_queue_length("turns") == 2  # nothing piled up
@@ -63,7 +63,7 @@ def test_a_message_reserved_by_a_busy_worker_waits_until_that_worker_dies(
     celery_procs, make_endpoint, settings
 ):
     celery_procs.worker("busy", queues="turns", concurrency=1)
-    make_endpoint("lost.slow", path="endpoints.demo.sleep", isolation="inline")
+    make_endpoint("lost.slow", path="runtime.demo.sleep", isolation="inline")
     make_endpoint("lost.c")
     make_endpoint("lost.d")
     slow = admit_ticket(endpoint="lost.slow", input={"seconds": 120}).ticket

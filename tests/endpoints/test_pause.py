@@ -15,10 +15,12 @@ from django.db import connection, transaction
 
 from accounts.keys import create_api_key
 from core.errors import EndpointPaused, Forbidden, Invalid
-from endpoints import runtime, services
-from endpoints.models import Endpoint, EndpointEvent, EndpointLock, Turn
-from endpoints.runners import Outcome
+from endpoints.models import Endpoint, EndpointEvent
 from recovery import services as recovery_services
+from runtime import services as runtime_services
+from runtime import turns as runtime
+from runtime.models import EndpointLock, Turn
+from runtime.runners import Outcome
 from tests.racing import race
 from tests.recovery.conftest import drive_to_quarantine
 from tickets.admission import admit_ticket
@@ -38,11 +40,11 @@ def stranger(django_user_model):
 
 
 def _pause(address, user, reason="maintenance window"):
-    return services.pause_endpoint(address=address, user=user, reason=reason)
+    return runtime_services.pause_endpoint(address=address, user=user, reason=reason)
 
 
 def _resume(address, user, reason="maintenance done"):
-    return services.resume_endpoint(address=address, user=user, reason=reason)
+    return runtime_services.resume_endpoint(address=address, user=user, reason=reason)
 
 
 def _someone_waits_on_a_lock() -> bool:
@@ -279,7 +281,7 @@ def test_the_lost_dispatch_sweep_leaves_a_paused_endpoints_tickets_alone(
 def test_pause_and_quarantine_hold_together_and_neither_clears_the_other(make_endpoint, owner):
     make_endpoint(
         "paused-stuck",
-        path="endpoints.demo.stuck",
+        path="runtime.demo.stuck",
         owners=[owner.username],
         interrupt_grace_s=0.05,
     )
@@ -337,7 +339,7 @@ def test_a_quarantine_decided_while_not_paused_dispatches_as_before(make_endpoin
     queued ticket is served (so the test above shows the pause holding)."""
     make_endpoint(
         "unpaused-stuck",
-        path="endpoints.demo.stuck",
+        path="runtime.demo.stuck",
         owners=[owner.username],
         interrupt_grace_s=0.05,
     )
@@ -431,29 +433,29 @@ def test_a_paused_ticket_keeps_no_event_of_its_own_until_it_starts(make_endpoint
 def test_a_worker_event_cannot_be_rewritten_or_deleted(owner_cursor, staff_user, django_user_model):
     """Who stopped a worker consuming, and why, is append-only: the database
     refuses UPDATE and DELETE even to the tables' owner."""
-    from endpoints import registry
-    from endpoints.models import WorkerEvent
+    from runtime import registry
+    from runtime.models import WorkerEvent
 
     registry.register_worker(name="turns@gone", host="gone", pid=1, queues=["turns"], pool_size=1)
     # No such worker process: recorded, unanswered, and the registry unchanged.
-    row, answered = services.set_worker_consuming(
+    row, answered = runtime_services.set_worker_consuming(
         worker="turns@gone", queue="turns", consume=False, user=staff_user, reason="test"
     )
     assert not answered and row.consuming == ["turns"]
     event = WorkerEvent.objects.get(worker="turns@gone")
     assert event.detail == {"queue": "turns", "reason": "test", "answered": False, "replies": []}
     for statement in (
-        "UPDATE endpoints_workerevent SET actor = 'someone else' WHERE id = %s",
-        "DELETE FROM endpoints_workerevent WHERE id = %s",
+        "UPDATE runtime_workerevent SET actor = 'someone else' WHERE id = %s",
+        "DELETE FROM runtime_workerevent WHERE id = %s",
     ):
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
             owner_cursor.execute(statement, [event.id])
     with pytest.raises(Invalid):
-        services.set_worker_consuming(
+        runtime_services.set_worker_consuming(
             worker="turns@gone", queue="control", consume=False, user=staff_user, reason="x"
         )
     with pytest.raises(Forbidden):
-        services.set_worker_consuming(
+        runtime_services.set_worker_consuming(
             worker="turns@gone",
             queue="turns",
             consume=False,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from endpoints import services
-from endpoints.models import Worker, WorkerEvent
+from runtime import services as runtime_services
+from runtime.models import Worker, WorkerEvent
 from tests.conftest import broker_queue_length, wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -23,14 +23,14 @@ def _state(ticket_id) -> str:
 def test_a_ticket_queued_while_paused_starts_after_the_resume(worker, make_endpoint, staff_user):
     make_endpoint("drain.paused", owners=[staff_user.username])
     make_endpoint("drain.other")
-    services.pause_endpoint(address="drain.paused", user=staff_user, reason="deploying")
+    runtime_services.pause_endpoint(address="drain.paused", user=staff_user, reason="deploying")
     waiting = admit_ticket(endpoint="drain.paused", input={"n": 1}).ticket
     # The signal that the worker and its dispatcher were free to start it: a
     # ticket admitted after it, on another endpoint, finished.
     other = admit_ticket(endpoint="drain.other", input={"n": 2}).ticket
     wait_for(lambda: _state(other.id) == "succeeded", timeout=30, message="the other ticket")
     assert _state(waiting.id) == "queued"
-    services.resume_endpoint(address="drain.paused", user=staff_user, reason="deployed")
+    runtime_services.resume_endpoint(address="drain.paused", user=staff_user, reason="deployed")
     wait_for(lambda: _state(waiting.id) == "succeeded", timeout=30, message="the resumed ticket")
 
 
@@ -48,7 +48,7 @@ def test_a_worker_told_to_stop_consuming_takes_no_turn_until_told_to_resume(
     warm = admit_ticket(endpoint="drain.echo", input={"n": 0}).ticket
     wait_for(lambda: _state(warm.id) == "succeeded", timeout=30, message="a first turn")
 
-    row, answered = services.set_worker_consuming(
+    row, answered = runtime_services.set_worker_consuming(
         worker=name, queue="turns", consume=False, user=staff_user, reason="host maintenance"
     )
     assert answered and row.consuming == []
@@ -84,7 +84,7 @@ def test_a_worker_told_to_stop_consuming_takes_no_turn_until_told_to_resume(
     )
     assert _state(ticket.id) == "queued" and broker_queue_length("turns") == 1
 
-    row, answered = services.set_worker_consuming(
+    row, answered = runtime_services.set_worker_consuming(
         worker=name, queue="turns", consume=True, user=staff_user, reason="maintenance done"
     )
     assert answered and row.consuming == ["turns"]

@@ -14,11 +14,11 @@ from django.db import connection
 from core.errors import DedupeConflict
 from endpoints import services
 from endpoints.models import EndpointAlias, RouteGeneration
-from endpoints.runtime.execute import run_ticket
+from runtime.turns.execute import run_ticket
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
-ECHO = {"kind": "python", "path": "endpoints.demo.echo", "isolation": "inline"}
+ECHO = {"kind": "python", "path": "runtime.demo.echo", "isolation": "inline"}
 
 
 def _pair():

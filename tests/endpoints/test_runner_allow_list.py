@@ -13,21 +13,21 @@ from django.db import DatabaseError, connection, transaction
 
 from console.owners import create_owner
 from core.errors import Invalid
-from endpoints import runtime
 from endpoints.models import Endpoint, EndpointEvent
 from endpoints.services import create_endpoint, update_endpoint
+from runtime import turns as runtime
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
 pytestmark = pytest.mark.django_db
 
-ECHO = {"kind": "python", "path": "endpoints.demo.echo"}
+ECHO = {"kind": "python", "path": "runtime.demo.echo"}
 
 
 @pytest.fixture
 def demo_only(settings):
     """The shipped defaults: the demo runners, no commands."""
-    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["endpoints.demo."]
+    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["runtime.demo."]
     settings.RUNNER_COMMAND_ALLOWED = []
     settings.DELIVERY_ALLOWED_HOSTS = []
 
@@ -37,7 +37,7 @@ def demo_only(settings):
     [
         {"kind": "python", "path": "os.system"},
         {"kind": "python", "path": "subprocess.check_output"},
-        {"kind": "python", "path": "endpoints.demonic.echo"},  # a prefix, not a package
+        {"kind": "python", "path": "runtime.demonic.echo"},  # a prefix, not a package
         {"kind": "python", "path": "tests.conftest.wait_for"},
         {"kind": "command", "argv": ["/bin/sh", "-c", "id"]},
         {"kind": "command", "argv": ["python3", "-c", "print(1)"]},
@@ -70,10 +70,10 @@ def test_a_patch_to_a_refused_runner_changes_nothing(api, demo_only):
 
 
 def test_what_the_allow_list_admits(settings, demo_only):
-    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["endpoints.demo", "tests.agents."]
+    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["runtime.demo", "tests.agents."]
     settings.RUNNER_COMMAND_ALLOWED = ["/usr/bin/true"]
     settings.DELIVERY_ALLOWED_HOSTS = ["127.0.0.1"]
-    create_endpoint(address="a", runner={"kind": "python", "path": "endpoints.demo.echo"})
+    create_endpoint(address="a", runner={"kind": "python", "path": "runtime.demo.echo"})
     create_endpoint(address="b", runner={"kind": "python", "path": "tests.agents.any.thing"})
     create_endpoint(address="c", runner={"kind": "command", "argv": ["/usr/bin/true", "-x"]})
     create_endpoint(address="d", runner={"kind": "http", "url": "http://127.0.0.1:9/turn"})
@@ -188,7 +188,7 @@ def test_create_and_every_runner_owner_and_submitter_change_is_an_event(api, dja
     assert created.detail["runner"] == ECHO and created.detail["owners"] == ["olive"]
     assert created.detail["submitters"] is None
 
-    sleep = {"kind": "python", "path": "endpoints.demo.sleep"}
+    sleep = {"kind": "python", "path": "runtime.demo.sleep"}
     assert api.patch("/endpoints/ev", {"runner": sleep}).status_code == 200
     assert api.patch("/endpoints/ev", {"owners": ["olive", "sam"]}).status_code == 200
     resp = api.patch("/endpoints/ev", {"submitters": {"users": ["sam"]}})

@@ -15,16 +15,16 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from accounts.keys import create_api_key
-from endpoints import runtime
 from endpoints.models import Endpoint
 from endpoints.services import create_endpoint
+from runtime import turns as runtime
 from tests.recovery.conftest import dump_ledger
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
 pytestmark = pytest.mark.django_db
 
-ECHO = {"kind": "python", "path": "endpoints.demo.echo"}
+ECHO = {"kind": "python", "path": "runtime.demo.echo"}
 AGENT_SECRET = "AGENT-SECRET-4c1f9e"
 API_KEY = "AGENTKEY-77a0d2"
 
@@ -205,7 +205,7 @@ def test_named_secrets_are_sent_resolved_and_kept_nowhere(agent, caplog):
 def test_the_cancel_request_carries_the_same_credentials(agent):
     import uuid
 
-    from endpoints import runners
+    from runtime import runners
 
     runner = {
         "kind": "http",

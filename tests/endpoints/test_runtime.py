@@ -9,8 +9,8 @@ import json
 import pytest
 from django.core.files.storage import default_storage
 
-from endpoints import runtime
-from endpoints.models import ContextEntry, EndpointLock, Turn
+from runtime import turns as runtime
+from runtime.models import ContextEntry, EndpointLock, Turn
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
@@ -71,7 +71,7 @@ def test_research_waits_for_children_and_a_callback_turn_completes_it(make_endpo
     waiting, and the parent's result is attributed to the exact callback turn
     that completed it; a later callback finds it done and changes nothing."""
     make_endpoint("demo.echo")
-    make_endpoint("lab", path="endpoints.demo.research")
+    make_endpoint("lab", path="runtime.demo.research")
     root = admit_ticket(endpoint="lab", input={"children": 2}).ticket
     runtime.run_ticket(ticket_id=root.id)
     root.refresh_from_db()
@@ -97,10 +97,10 @@ def test_research_waits_for_children_and_a_callback_turn_completes_it(make_endpo
 
 
 def test_a_waiting_ticket_cannot_be_resumed_by_another_endpoint(make_endpoint):
-    from endpoints.runners import Outcome, Resume
+    from runtime.runners import Outcome, Resume
 
     make_endpoint("demo.echo")
-    make_endpoint("lab", path="endpoints.demo.research")
+    make_endpoint("lab", path="runtime.demo.research")
     make_endpoint("intruder")
     root = admit_ticket(endpoint="lab", input={"children": 1}).ticket
     runtime.run_ticket(ticket_id=root.id)

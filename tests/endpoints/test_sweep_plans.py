@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from endpoints.models import TURN_ACTIVE_STATES, Turn
+from runtime.models import TURN_ACTIVE_STATES, Turn
 from tickets.models import Ticket, TicketState
 
 pytestmark = pytest.mark.django_db

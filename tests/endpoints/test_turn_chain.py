@@ -1,5 +1,5 @@
 """A worker process runs an endpoint's backlog without a broker round trip
-per ticket (endpoints.runtime.run_ticket with ``keep_going``): each finish
+per ticket (runtime.turns.run_ticket with ``keep_going``): each finish
 hands the next ticket back, the process starts it, and what it does not
 start it publishes. Real PostgreSQL and the real Redis broker."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from core.dispatch import RUN_TICKET
-from endpoints import runtime
-from endpoints.models import Turn
+from runtime import turns as runtime
+from runtime.models import Turn
 from tests.conftest import purge_broker, queued_tasks
 from tickets.admission import admit_ticket
 from tickets.models import Ticket

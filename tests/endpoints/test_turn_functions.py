@@ -1,5 +1,5 @@
 """A turn's start and finish, each one database function
-(``claimcheck_start_turn``, ``claimcheck_finish_turn``: endpoints/sql/),
+(``claimcheck_start_turn``, ``claimcheck_finish_turn``: runtime/sql/),
 against real PostgreSQL: one statement each, the
 rows a turn leaves, and the guards under races (threads, real row locks):
 two finishes of one turn, a stale ``seq``, a start racing a quarantine; and
@@ -13,9 +13,10 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from endpoints import runtime
-from endpoints.models import ContextEntry, Endpoint, EndpointLock, Turn
-from endpoints.runners import Outcome
+from endpoints.models import Endpoint
+from runtime import turns as runtime
+from runtime.models import ContextEntry, EndpointLock, Turn
+from runtime.runners import Outcome
 from tests.conftest import wait_for
 from tests.racing import race
 from tickets.admission import admit_ticket
@@ -375,7 +376,7 @@ def test_a_dispatcher_pass_reads_a_handful_of_rows_whatever_the_backlog(
     over every marked queued ticket: O(backlog) on every admission's
     wake-up. It now probes ticket_queued_idx once per endpoint with a queue
     (a loose index scan) and reads each free endpoint's oldest ticket."""
-    from endpoints.runtime import dispatch
+    from runtime.turns import dispatch
 
     _ledger_with_history(make_endpoint, "history2")
     make_endpoint("deep")

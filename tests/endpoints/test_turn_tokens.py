@@ -11,16 +11,16 @@ import sys
 
 import pytest
 
-from endpoints import runtime
-from endpoints.models import Turn
 from endpoints.services import create_endpoint
+from runtime import turns as runtime
+from runtime.models import Turn
 from tests.recovery.conftest import dump_ledger
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
 pytestmark = pytest.mark.django_db
 
-ECHO = {"kind": "python", "path": "endpoints.demo.echo"}
+ECHO = {"kind": "python", "path": "runtime.demo.echo"}
 
 
 def started(address: str, runner=None, **kw) -> runtime.Started:

@@ -15,8 +15,9 @@ import pytest
 
 from config.celery import app as celery_app
 from core.dispatch import RUN_TICKET
-from endpoints.models import Endpoint, EndpointLock, Turn
+from endpoints.models import Endpoint
 from endpoints.runner_spec import COMMAND_BASE_ENV
+from runtime.models import EndpointLock, Turn
 from tests.conftest import TEST_RUNNER_SECRET, broker_queue_length, purge_broker, wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
@@ -39,7 +40,7 @@ def test_twenty_tickets_on_one_endpoint_never_overlap(celery_procs, make_endpoin
         # processes, and only the lock keeps them apart.
         celery_procs.env["TURN_CHAIN_MAX"] = "1"
     celery_procs.worker_and_beat()
-    make_endpoint("serial", path="endpoints.demo.sleep")
+    make_endpoint("serial", path="runtime.demo.sleep")
     ids = [
         admit_ticket(endpoint="serial", input={"seconds": 0.05, "n": i}).ticket.id
         for i in range(20)
@@ -67,7 +68,7 @@ def test_twenty_tickets_on_one_endpoint_never_overlap(celery_procs, make_endpoin
 
 
 def test_same_ticket_published_twice_runs_once(celery_procs, make_endpoint):
-    make_endpoint("twice", path="endpoints.demo.echo")
+    make_endpoint("twice", path="runtime.demo.echo")
     ticket = admit_ticket(endpoint="twice", input={"x": 1}).ticket
     # Three copies of the dispatch message. The worker's dispatcher may add a
     # fourth (the ticket owes a dispatch) or find the ticket already started by
@@ -89,7 +90,7 @@ def test_same_ticket_published_twice_runs_once(celery_procs, make_endpoint):
 
 
 def test_queued_tickets_whose_messages_were_lost_still_complete(celery_procs, make_endpoint):
-    make_endpoint("lost", path="endpoints.demo.echo")
+    make_endpoint("lost", path="runtime.demo.echo")
     ids = [admit_ticket(endpoint="lost", input={"n": i}).ticket.id for i in range(5)]
     purge_broker()  # the broker forgot every dispatch message
     celery_procs.worker_and_beat()
@@ -322,7 +323,7 @@ def test_demo_endpoints_work_through_the_worker(worker, api):
 def test_wait_s_returns_within_its_bound(worker, api, make_endpoint):
     import time
 
-    make_endpoint("slow", path="endpoints.demo.sleep")
+    make_endpoint("slow", path="runtime.demo.sleep")
     started = time.monotonic()
     resp = api.post("/tickets", {"endpoint": "slow", "input": {"seconds": 5}, "wait_s": 0.5})
     elapsed = time.monotonic() - started
@@ -332,7 +333,7 @@ def test_wait_s_returns_within_its_bound(worker, api, make_endpoint):
 
 
 def test_busy_policy_reject(worker, api, make_endpoint):
-    make_endpoint("solo", path="endpoints.demo.sleep", busy_policy="reject")
+    make_endpoint("solo", path="runtime.demo.sleep", busy_policy="reject")
     first = api.post("/tickets", {"endpoint": "solo", "input": {"seconds": 3}}).json()
     wait_for(lambda: Ticket.objects.get(id=first["id"]).state == "running", message="running")
     resp = api.post("/tickets", {"endpoint": "solo", "input": {"seconds": 0}})
@@ -340,7 +341,7 @@ def test_busy_policy_reject(worker, api, make_endpoint):
 
 
 def test_cancel_queued_running_and_finished(worker, api, make_endpoint):
-    make_endpoint("cancel", path="endpoints.demo.sleep")
+    make_endpoint("cancel", path="runtime.demo.sleep")
     running = api.post("/tickets", {"endpoint": "cancel", "input": {"seconds": 30}}).json()
     queued = api.post("/tickets", {"endpoint": "cancel", "input": {"seconds": 0}}).json()
     wait_for(lambda: Ticket.objects.get(id=running["id"]).state == "running", message="running")
@@ -403,7 +404,7 @@ def test_a_worker_keeps_its_database_connection_from_turn_to_turn(celery_procs, 
             cur.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
             return cur.fetchone()[0]
 
-    make_endpoint("reuse", path="endpoints.demo.echo", isolation="inline")
+    make_endpoint("reuse", path="runtime.demo.echo", isolation="inline")
     celery_procs.env["DB_CONN_MAX_AGE"] = "60"  # production's default (the tests' is 0)
     celery_procs.worker(concurrency=1)
     warm = admit_ticket(endpoint="reuse", input={"n": -1}).ticket.id
@@ -427,7 +428,7 @@ def test_a_turn_on_a_connection_the_database_severed_between_tasks_still_runs(
     Nothing is lost and the endpoint stays available."""
     from django.db import connection
 
-    make_endpoint("severed", path="endpoints.demo.echo", isolation="inline")
+    make_endpoint("severed", path="runtime.demo.echo", isolation="inline")
     celery_procs.env["DB_CONN_MAX_AGE"] = "60"  # kept between tasks, as in production
     celery_procs.worker(concurrency=1)
     warm = admit_ticket(endpoint="severed", input={"n": -1}).ticket.id

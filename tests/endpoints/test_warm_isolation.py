@@ -1,4 +1,4 @@
-"""The warm turn process of a worker slot (endpoints/isolation.py): isolated
+"""The warm turn process of a worker slot (runtime/isolation.py): isolated
 turns run in a process forked ahead and kept between turns, replaced after
 an interrupt, a kill, a turn that changed the process, N turns, or when it
 died between turns. Turns run here, in the test process (the supervisor)."""
@@ -15,9 +15,10 @@ import pytest
 from django.db import connection
 
 from core import logs
-from endpoints import isolation, runtime
-from endpoints.models import Turn
 from endpoints.services import create_endpoint
+from runtime import isolation
+from runtime import turns as runtime
+from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -95,7 +96,7 @@ def test_a_process_found_dead_between_turns_is_replaced_with_a_log_line(caplog):
         timeout=10,
         message="the warm process to die",
     )
-    with caplog.at_level(logging.WARNING, logger="endpoints.isolation"):
+    with caplog.at_level(logging.WARNING, logger="runtime.isolation"):
         replacement = ran_in(a)
     assert replacement != pid
     assert f"warm turn process {pid} exited between turns" in caplog.text
@@ -164,7 +165,7 @@ def test_a_thread_other_than_the_main_one_keeps_no_process():
 
 
 def test_the_history_is_read_by_the_supervisor_only_when_the_turn_asks(monkeypatch):
-    from endpoints.runtime import execute
+    from runtime.turns import execute
 
     calls = []
 
@@ -174,7 +175,7 @@ def test_the_history_is_read_by_the_supervisor_only_when_the_turn_asks(monkeypat
 
     monkeypatch.setattr(execute, "recent_history", history)
     create_endpoint(
-        address="warm.no-history", runner={"kind": "python", "path": "endpoints.demo.echo"}
+        address="warm.no-history", runner={"kind": "python", "path": "runtime.demo.echo"}
     )
     assert turn("warm.no-history").state == "succeeded" and not calls
     failed = turn(endpoint("warm.history", "reads_history"))

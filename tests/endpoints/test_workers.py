@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from endpoints.models import Turn
 from recovery.models import RecoveryCase
+from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 
@@ -44,7 +44,7 @@ def test_a_held_slot_a_starved_endpoint_and_a_lost_worker_are_shown(
     w = _turns_worker(api)
     assert w["status"] == "alive" and w["pool_size"] == 1 and w["queues"] == ["turns"]
 
-    make_endpoint("reg.stuck", path="endpoints.demo.stuck", turn_budget_s=1, interrupt_grace_s=0.5)
+    make_endpoint("reg.stuck", path="runtime.demo.stuck", turn_budget_s=1, interrupt_grace_s=0.5)
     make_endpoint("reg.echo")
     stuck = admit_ticket(endpoint="reg.stuck", input={"seconds": 60}).ticket
     wait_for(
@@ -86,17 +86,17 @@ def test_isolated_turns_run_in_the_slots_warm_process_shown_beside_the_slot(
 ):
     """One turn process per slot, kept between turns; the workers page shows
     it as the process running an isolated turn; after a kill the next turn
-    gets a fresh one (endpoints/isolation.py)."""
+    gets a fresh one (runtime/isolation.py)."""
     from tickets.models import Ticket
 
     celery_procs.control_and_beat()
     celery_procs.worker("turns", queues="turns", concurrency=1)
     wait_for(lambda: _turns_worker(api), timeout=20, message="the turns worker to register")
     make_endpoint("warm.where", path="tests.endpoints.warm_runners.where")
-    make_endpoint("warm.nap", path="endpoints.demo.sleep")
+    make_endpoint("warm.nap", path="runtime.demo.sleep")
     make_endpoint(
         "warm.stubborn",
-        runner={"kind": "python", "path": "endpoints.demo.stubborn", "kill_after_s": 0.5},
+        runner={"kind": "python", "path": "runtime.demo.stubborn", "kill_after_s": 0.5},
         turn_budget_s=1,
         interrupt_grace_s=1,
     )

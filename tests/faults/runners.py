@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-from endpoints.runners import TurnContext
+from runtime.runners import TurnContext
 
 
 def _count(ctx: TurnContext) -> None:

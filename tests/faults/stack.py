@@ -108,7 +108,7 @@ def base_env() -> dict[str, str]:
         C_FORCE_ROOT="1",  # the machine's shells run as root
         LOG_LEVEL="INFO",
         # Let the test runner be configured on endpoints (the operator's allow-list).
-        RUNNER_PYTHON_ALLOWED_PREFIXES="endpoints.demo.,tests.faults.runners",
+        RUNNER_PYTHON_ALLOWED_PREFIXES="runtime.demo.,tests.faults.runners",
     )
     return env
 
@@ -411,7 +411,7 @@ class Stack:
         counted = {t: n for t, n in self.executions().items() if n > 1}
         turns = dict(
             self.sql(
-                "SELECT ticket_id::text, count(*) FROM endpoints_turn GROUP BY ticket_id "
+                "SELECT ticket_id::text, count(*) FROM runtime_turn GROUP BY ticket_id "
                 "HAVING count(*) > 1"
             )
         )

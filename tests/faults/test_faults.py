@@ -170,7 +170,7 @@ def test_sigkill_of_a_turns_worker_mid_turn_replays_nothing(stack, record_figure
             def running_on_victim(victim=victim):
                 pids = stack.pids(victim)
                 rows = stack.sql(
-                    "SELECT id::text FROM endpoints_turn WHERE state = 'running' "
+                    "SELECT id::text FROM runtime_turn WHERE state = 'running' "
                     "AND (worker->>'pid')::int = ANY(%s) "
                     "AND started_at < now() - interval '200 milliseconds'",
                     [list(pids)],
@@ -185,7 +185,7 @@ def test_sigkill_of_a_turns_worker_mid_turn_replays_nothing(stack, record_figure
             # The killed sessions' last statements settle within moments.
             time.sleep(0.5)
             rows = stack.sql(
-                "SELECT t.id::text, t.ticket_id::text, e.address FROM endpoints_turn t "
+                "SELECT t.id::text, t.ticket_id::text, e.address FROM runtime_turn t "
                 "JOIN endpoints_endpoint e ON e.id = t.endpoint_id "
                 "WHERE t.state IN ('running', 'interrupting') "
                 "AND (t.worker->>'pid')::int = ANY(%s)",
@@ -437,7 +437,7 @@ def test_sweeps_down_past_a_budget_then_the_workers_stop_the_overrun(stack, reco
         coop_ep: stack.runner(),
         # Ignores its flag and SIGTERM, in a process of its own: the escalation
         # ends it with SIGKILL and the exit status is the evidence.
-        stubborn_ep: {"kind": "python", "path": "endpoints.demo.stubborn"},
+        stubborn_ep: {"kind": "python", "path": "runtime.demo.stubborn"},
         # Ignores its flag inline, in the pool process: nothing can prove it
         # stopped, so it is quarantined.
         stuck_ep: stack.runner(isolation="inline"),
@@ -471,7 +471,7 @@ def test_sweeps_down_past_a_budget_then_the_workers_stop_the_overrun(stack, reco
     def turns() -> dict[str, tuple]:
         rows = stack.sql(
             "SELECT ticket_id::text, state, started_at, ended_at, stop_evidence, "
-            "interrupt_requested_at FROM endpoints_turn WHERE ticket_id = ANY(%s)",
+            "interrupt_requested_at FROM runtime_turn WHERE ticket_id = ANY(%s)",
             [ids],
         )
         return {r[0]: r[1:] for r in rows}
@@ -522,7 +522,7 @@ def test_sweeps_down_past_a_budget_then_the_workers_stop_the_overrun(stack, reco
     }, actors
     quarantined_s = (
         stack.sql(
-            "SELECT e.at - t.started_at FROM tickets_ticketevent e JOIN endpoints_turn t "
+            "SELECT e.at - t.started_at FROM tickets_ticketevent e JOIN runtime_turn t "
             "ON t.ticket_id = e.ticket_id WHERE e.ticket_id = %s AND e.kind = 'turn_uncertain'",
             [stuck],
         )[0][0]
@@ -621,7 +621,7 @@ def test_postgres_crash_while_turns_finish_past_budget_keeps_their_results(stack
 
     def turn_ids() -> list[str]:
         rows = stack.sql(
-            "SELECT id::text FROM endpoints_turn WHERE ticket_id = ANY(%s::uuid[])", [ids]
+            "SELECT id::text FROM runtime_turn WHERE ticket_id = ANY(%s::uuid[])", [ids]
         )
         return [r[0] for r in rows]
 
@@ -662,7 +662,7 @@ def test_postgres_crash_while_turns_finish_past_budget_keeps_their_results(stack
 
         def interrupted() -> int:
             return stack.sql(
-                "SELECT count(*) FROM endpoints_turn WHERE ticket_id = ANY(%s::uuid[])"
+                "SELECT count(*) FROM runtime_turn WHERE ticket_id = ANY(%s::uuid[])"
                 " AND interrupt_requested_at IS NOT NULL",
                 [ids],
             )[0][0]
@@ -676,7 +676,7 @@ def test_postgres_crash_while_turns_finish_past_budget_keeps_their_results(stack
     rows = stack.sql(
         "SELECT t.id::text, t.state, t.error->>'code',"
         " extract(epoch FROM tu.interrupt_requested_at), t.result IS NOT NULL"
-        " FROM tickets_ticket t JOIN endpoints_turn tu ON tu.id = t.turn_id"
+        " FROM tickets_ticket t JOIN runtime_turn tu ON tu.id = t.turn_id"
         " WHERE t.id = ANY(%s::uuid[])",
         [ids],
     )

@@ -197,7 +197,7 @@ def test_two_hosts_share_the_ledger_and_a_dead_host_quarantines_only_its_own_tur
     pids = {h: mh.pids(f"turns-{h}") for h in HOSTS}
     ran = dict(
         mh.sql(
-            "SELECT (worker->>'pid')::int, count(*) FROM endpoints_turn "
+            "SELECT (worker->>'pid')::int, count(*) FROM runtime_turn "
             "WHERE ticket_id = ANY(%s::uuid[]) GROUP BY 1",
             [list(ids)],
         )
@@ -216,7 +216,7 @@ def test_two_hosts_share_the_ledger_and_a_dead_host_quarantines_only_its_own_tur
 
     def running_on(host: str) -> list[tuple[str, str, str]]:
         return mh.sql(
-            "SELECT t.id::text, t.ticket_id::text, e.address FROM endpoints_turn t "
+            "SELECT t.id::text, t.ticket_id::text, e.address FROM runtime_turn t "
             "JOIN endpoints_endpoint e ON e.id = t.endpoint_id "
             "WHERE t.state = 'running' AND (t.worker->>'pid')::int = ANY(%s) "
             "AND t.started_at < now() - interval '300 milliseconds'",
@@ -233,7 +233,7 @@ def test_two_hosts_share_the_ledger_and_a_dead_host_quarantines_only_its_own_tur
     mh.kill("turns-b", signal.SIGKILL)
     time.sleep(0.5)  # the killed sessions' last statements settle
     b_turns = mh.sql(
-        "SELECT t.id::text, t.ticket_id::text, e.address FROM endpoints_turn t "
+        "SELECT t.id::text, t.ticket_id::text, e.address FROM runtime_turn t "
         "JOIN endpoints_endpoint e ON e.id = t.endpoint_id "
         "WHERE t.state IN ('running', 'interrupting') AND (t.worker->>'pid')::int = ANY(%s)",
         [list(b_pids)],
@@ -258,7 +258,7 @@ def test_two_hosts_share_the_ledger_and_a_dead_host_quarantines_only_its_own_tur
     )[0]
     all_cases = mh.sql(
         "SELECT c.turn_id::text, (t.worker->>'pid')::int FROM recovery_recoverycase c "
-        "JOIN endpoints_turn t ON t.id = c.turn_id"
+        "JOIN runtime_turn t ON t.id = c.turn_id"
     )
     assert {turn for turn, _ in all_cases} == set(cases), "a case for a turn not on host B"
     assert all(pid in b_pids for _, pid in all_cases)

@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from console.owners import create_owner
 from core.sweeps import SWEEP_TASKS
-from endpoints import runtime
-from endpoints import tasks as endpoint_tasks
 from health.models import SweepRun
 from health.services import record_sweep
+from runtime import tasks as endpoint_tasks
+from runtime import turns as runtime
 from tickets import tasks as ticket_tasks
 
 pytestmark = pytest.mark.django_db

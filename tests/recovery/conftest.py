@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import pytest
 from django.apps import apps
 
-from endpoints import runtime
-from endpoints.models import Endpoint, Turn
+from endpoints.models import Endpoint
 from recovery.models import RecoveryCase
+from runtime import turns as runtime
+from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -68,7 +69,7 @@ def stuck_endpoint(make_endpoint, owner):
     def make(address=None, **endpoint_kw) -> Endpoint:
         endpoint_kw.setdefault("interrupt_grace_s", 0.05)
         return make_endpoint(
-            address, path="endpoints.demo.stuck", owners=[owner.username], **endpoint_kw
+            address, path="runtime.demo.stuck", owners=[owner.username], **endpoint_kw
         )
 
     return make
@@ -111,7 +112,7 @@ def outsider_api(api, outsider):
 def dump_ledger(exclude: tuple[str, ...] = ("recovery_inspection",)) -> dict[str, list[dict]]:
     """Every row of every table of the ledger's apps, in primary-key order."""
     rows: dict[str, list[dict]] = {}
-    for label in ("tickets", "endpoints", "recovery"):
+    for label in ("tickets", "endpoints", "runtime", "recovery"):
         for model in apps.get_app_config(label).get_models():
             table = model._meta.db_table
             if table in exclude:

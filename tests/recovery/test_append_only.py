@@ -9,10 +9,10 @@ import psycopg
 import pytest
 from django.db import DatabaseError, transaction
 
-from endpoints import runtime
-from endpoints.runners import Outcome
 from recovery import services
 from recovery.models import CaseEvidence, Decision, Inspection, Lesson
+from runtime import turns as runtime
+from runtime.runners import Outcome
 
 # The owner's statements run on their own connection: the data must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)

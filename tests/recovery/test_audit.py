@@ -20,11 +20,11 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from endpoints import runtime
-from endpoints.models import Turn
-from endpoints.runners import Outcome
 from health.models import SweepRun
 from recovery.audit import audit_ledger
+from runtime import turns as runtime
+from runtime.models import Turn
+from runtime.runners import Outcome
 from tests.db_roles import owner_session
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -132,7 +132,7 @@ def test_overlapping_turns_of_one_endpoint_are_named(ledger):
     turn1, turn2, _ = ledger["turns"]
     # turn 2 starts before turn 1 ended (still after turn 1 started).
     corrupt(
-        "UPDATE endpoints_turn SET started_at = %s WHERE id = %s",
+        "UPDATE runtime_turn SET started_at = %s WHERE id = %s",
         [turn1.ended_at - timedelta(microseconds=500), turn2.id],
     )
     status, out = run_audit()
@@ -148,7 +148,7 @@ def test_a_long_turn_overlapping_a_later_one_is_seen(make_endpoint):
     turns = [finish(t.id) for t in tickets]
     # Turn 1 now ends after turn 3 started: it overlaps both later turns.
     corrupt(
-        "UPDATE endpoints_turn SET ended_at = %s WHERE id = %s",
+        "UPDATE runtime_turn SET ended_at = %s WHERE id = %s",
         [turns[2].started_at + timedelta(seconds=1), turns[0].id],
     )
     status, out = run_audit()
@@ -160,7 +160,7 @@ def test_a_long_turn_overlapping_a_later_one_is_seen(make_endpoint):
 @pytest.mark.django_db
 def test_seq_out_of_start_order_is_named(ledger):
     turn1, turn2, _ = ledger["turns"]
-    corrupt("UPDATE endpoints_turn SET seq = 0 WHERE id = %s", [turn2.id])  # 1 then 0
+    corrupt("UPDATE runtime_turn SET seq = 0 WHERE id = %s", [turn2.id])  # 1 then 0
     status, out = run_audit()
     assert status == 1
     assert names(out, "seq_order", turn2.id, turn1.id), out
@@ -217,12 +217,12 @@ def test_a_ticket_run_twice_is_named(ledger):
     # A second turn ran the same ticket (after turn 2, so the order holds).
     replay = uuid.uuid4()
     corrupt(
-        """INSERT INTO endpoints_turn (id, endpoint_id, ticket_id, seq, state, runner_kind,
+        """INSERT INTO runtime_turn (id, endpoint_id, ticket_id, seq, state, runner_kind,
                celery_task_id, worker, started_at, heartbeat_at, deadline_at,
                interrupt_reason, ended_at)
            SELECT %s, endpoint_id, ticket_id, 3, 'completed', runner_kind, '', '{}',
                %s, %s, %s, '', %s
-           FROM endpoints_turn WHERE id = %s""",
+           FROM runtime_turn WHERE id = %s""",
         [
             replay,
             turn2.ended_at + timedelta(seconds=1),
@@ -260,7 +260,7 @@ def test_a_running_ticket_without_a_live_turn_or_case_is_named(make_endpoint):
     started = runtime.start_turn(ticket_id=ticket.id)
     assert run_audit()[0] == 0  # running with its live turn: fine
     corrupt(
-        "UPDATE endpoints_turn SET state = 'failed', ended_at = now() WHERE id = %s",
+        "UPDATE runtime_turn SET state = 'failed', ended_at = now() WHERE id = %s",
         [started.turn.id],
     )
     status, out = run_audit()
@@ -275,7 +275,7 @@ def test_a_live_turn_that_does_not_hold_the_lock_is_named(make_endpoint):
     ticket = admit("audit.lock")
     started = runtime.start_turn(ticket_id=ticket.id)
     corrupt(
-        "UPDATE endpoints_endpointlock SET holder_id = NULL, token = NULL WHERE endpoint_id = %s",
+        "UPDATE runtime_endpointlock SET holder_id = NULL, token = NULL WHERE endpoint_id = %s",
         [started.endpoint.id],
     )
     status, out = run_audit()
@@ -366,7 +366,7 @@ def test_a_queued_ticket_behind_a_recent_release_is_not_stranded(make_endpoint, 
     )
     finish(first.id)  # the release just now published the next ticket
     assert run_audit()[0] == 0
-    corrupt("UPDATE endpoints_turn SET ended_at = %s WHERE ticket_id = %s", [hour_ago, first.id])
+    corrupt("UPDATE runtime_turn SET ended_at = %s WHERE ticket_id = %s", [hour_ago, first.id])
     status, out = run_audit()
     assert status == 1
     assert names(out, "stranded_queued", waiting.id), out
@@ -406,12 +406,12 @@ def test_the_ledger_after_real_flows_passes(worker, make_endpoint, api, owner):
     from tests.conftest import wait_for
 
     make_endpoint("flow.echo")
-    make_endpoint("flow.fail", path="endpoints.demo.fail")
-    make_endpoint("flow.research", path="endpoints.demo.research")
-    make_endpoint("flow.sleep", path="endpoints.demo.sleep")
+    make_endpoint("flow.fail", path="runtime.demo.fail")
+    make_endpoint("flow.research", path="runtime.demo.research")
+    make_endpoint("flow.sleep", path="runtime.demo.sleep")
     make_endpoint(
         "flow.stuck",
-        path="endpoints.demo.stuck",
+        path="runtime.demo.stuck",
         owners=[owner.username],
         turn_budget_s=1,
         interrupt_grace_s=0.5,
@@ -502,7 +502,7 @@ def test_a_result_discarded_as_timed_out_is_named(make_endpoint):
     assert Ticket.objects.get(id=ticket.id).error["code"] == "timed_out"
     assert run_audit()[0] == 0
     corrupt(
-        "UPDATE endpoints_turn SET interrupt_requested_at = interrupt_requested_at"
+        "UPDATE runtime_turn SET interrupt_requested_at = interrupt_requested_at"
         " + interval '2 seconds' WHERE id = %s",
         [turn.id],
     )
@@ -534,8 +534,8 @@ def test_turns_under_two_generations_pass(changed):
 @pytest.mark.django_db
 def test_a_turn_outside_its_generation_is_named(changed):
     third, first = changed["third"], changed["turns"][0]
-    corrupt("UPDATE endpoints_turn SET generation = 1 WHERE id = %s", [third.id])
-    corrupt("UPDATE endpoints_turn SET generation = 9 WHERE id = %s", [first.id])
+    corrupt("UPDATE runtime_turn SET generation = 1 WHERE id = %s", [third.id])
+    corrupt("UPDATE runtime_turn SET generation = 9 WHERE id = %s", [first.id])
     status, out = run_audit()
     assert status == 1
     assert names(out, "turn_generation", third.id, "outside generation 1"), out

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from endpoints import runtime
 from recovery.services import decide, inspect_case
+from runtime import turns as runtime
 from tests.recovery.conftest import drive_to_quarantine
 from tickets.admission import admit_ticket
 from tickets.callbacks import callback_key
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.django_db
 def family(make_endpoint, stuck_endpoint, owner):
     """A research parent waiting on two children of a stuck endpoint; the
     first child's turn is quarantined, the second has not run yet."""
-    make_endpoint("fam.research", path="endpoints.demo.research", owners=[owner.username])
+    make_endpoint("fam.research", path="runtime.demo.research", owners=[owner.username])
     children_ep = stuck_endpoint("fam.child")
     parent = admit_ticket(
         endpoint="fam.research",

@@ -23,7 +23,7 @@ def test_stuck_turn_is_quarantined_then_rerun_by_its_owner(
     # short enough to free the worker quickly.
     make_endpoint(
         "rec.stuck",
-        path="endpoints.demo.stuck",
+        path="runtime.demo.stuck",
         owners=[owner.username],
         turn_budget_s=1,
         interrupt_grace_s=1,

@@ -7,9 +7,9 @@ import pytest
 
 from console.owners import create_owner
 from core.errors import Invalid
-from endpoints import runtime
-from endpoints.models import Turn
 from recovery import services
+from runtime import turns as runtime
+from runtime.models import Turn
 from tests.console.helpers import quarantined_case
 from tickets.models import Ticket, TicketEvent
 

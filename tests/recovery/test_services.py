@@ -17,11 +17,11 @@ from core.errors import (
     InvalidTransition,
     NotFound,
 )
-from endpoints import runtime
-from endpoints.models import ContextEntry, EndpointLock
-from endpoints.runners import Outcome
 from recovery import services
 from recovery.models import CaseEvidence, Decision, Inspection, Lesson
+from runtime import turns as runtime
+from runtime.models import ContextEntry, EndpointLock
+from runtime.runners import Outcome
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent, Trace
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from endpoints import registry
 from recovery import services
 from recovery.models import CaseEvidence, ProcessStop, RecoveryCase
+from runtime import registry
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -48,7 +48,7 @@ def test_the_owner_stops_the_process_of_a_decided_inline_turn(
     celery_procs.worker("turns", queues="turns", concurrency=1)
     make_endpoint(
         "stop.stuck",
-        path="endpoints.demo.stuck",
+        path="runtime.demo.stuck",
         owners=[owner.username],
         turn_budget_s=1,
         interrupt_grace_s=0.5,
@@ -170,7 +170,7 @@ def test_a_stop_sent_to_a_worker_that_then_restarts_is_closed_as_unreachable(
     celery_procs.worker("turns", queues="turns", concurrency=1)
     make_endpoint(
         "restart.stuck",
-        path="endpoints.demo.stuck",
+        path="runtime.demo.stuck",
         owners=[owner.username],
         turn_budget_s=1,
         interrupt_grace_s=0.5,

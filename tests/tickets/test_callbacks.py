@@ -10,9 +10,10 @@ import pytest
 from django.db import connections
 from django.test import override_settings
 
-from endpoints.models import Turn
+from runtime import services as runtime_services
+from runtime.models import Turn
 from tests.conftest import wait_for
-from tickets import callbacks, lifecycle, tasks
+from tickets import callbacks, tasks
 from tickets.models import Callback, Ticket, TicketEvent, Trace
 
 pytestmark = pytest.mark.django_db
@@ -27,7 +28,7 @@ TERMINAL = ("succeeded", "failed", "cancelled", "orphaned")
 @pytest.mark.django_db(transaction=True)
 def test_research_with_three_children_completes_through_callbacks(api, make_endpoint, worker):
     make_endpoint("demo.echo")
-    make_endpoint("demo.research", path="endpoints.demo.research")
+    make_endpoint("demo.research", path="runtime.demo.research")
     resp = api.post("/tickets", {"endpoint": "demo.research", "input": {"children": 3}})
     assert resp.status_code == 201, resp.content
     root_id = resp.json()["id"]
@@ -110,7 +111,7 @@ def refused_callback(api, make_endpoint) -> Ticket:
         )
         assert child.status_code == 201, child.content
         source_id = child.json()["id"]
-        lifecycle.cancel_ticket(ticket_id=source_id, actor="test")  # terminal: callback due
+        runtime_services.cancel_ticket(ticket_id=source_id, actor="test")  # terminal: callback due
         callbacks.retry_pending_callbacks()  # refused again: no second event
     source = Ticket.objects.get(id=source_id)
     assert source.state == "cancelled" and source.callback_state == "pending"
@@ -171,7 +172,7 @@ def test_the_obligations_sweep_retries_a_refused_callback(api, make_endpoint):
 def test_ensure_callback_ignores_a_ticket_without_return_to_or_not_finished(api, make_endpoint):
     make_endpoint("alpha")
     plain = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
-    lifecycle.cancel_ticket(ticket_id=plain["id"], actor="test")
+    runtime_services.cancel_ticket(ticket_id=plain["id"], actor="test")
     assert callbacks.ensure_callback(source_id=plain["id"]) is None
     root = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
     child = api.post(
@@ -240,7 +241,7 @@ def test_the_pending_callback_sweep_reads_only_pending_callbacks(make_endpoint, 
     make_endpoint("many")
     for i in range(600):  # a ledger of finished tickets, none owing a callback
         ticket = admit_ticket(endpoint="many", input={"i": i}).ticket
-        lifecycle.cancel_ticket(ticket_id=ticket.id, actor="test", reason="history")
+        runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="history")
     owner_cursor.execute("ANALYZE tickets_ticket")  # the application role may not
     plan = json.loads(callbacks.pending_callbacks().explain(format="json", analyze=True))
     nodes, stack = [], [plan[0]["Plan"]]

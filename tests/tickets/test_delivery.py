@@ -26,9 +26,10 @@ from accounts.keys import create_api_key
 from core import outbound
 from core.dispatch import DELIVER
 from core.errors import Invalid
-from endpoints import runtime
+from runtime import services as runtime_services
+from runtime import turns as runtime
 from tests.conftest import purge_broker, queued_tasks, wait_for
-from tickets import delivery, lifecycle, tasks
+from tickets import delivery, tasks
 from tickets.delivery import states as delivery_states
 from tickets.delivery import sweep as delivery_sweep
 from tickets.models import Delivery, DeliveryAttempt, Ticket, TicketEvent
@@ -395,7 +396,7 @@ def test_a_transition_to_a_terminal_state_records_the_delivery_it_opened(api, ma
     as the finish statement does: no event of its own."""
     make_endpoint("alpha")
     ticket_id = admit(api, "alpha")["id"]
-    lifecycle.cancel_ticket(ticket_id=uuid.UUID(ticket_id), actor="test")
+    runtime_services.cancel_ticket(ticket_id=uuid.UUID(ticket_id), actor="test")
     d = Delivery.objects.get(ticket_id=ticket_id)
     assert kinds(ticket_id) == ["admitted", "cancelled"]
     cancelled = TicketEvent.objects.get(ticket_id=ticket_id, kind="cancelled")

@@ -61,7 +61,7 @@ def test_submit_wait_and_lineage_and_a_stranger_finds_nothing(
     for name in ("alice", "mallory"):
         django_user_model.objects.create_user(name)
     make_endpoint("demo.echo", owners=["alice"])
-    make_endpoint("demo.research", path="endpoints.demo.research", owners=["alice"])
+    make_endpoint("demo.research", path="runtime.demo.research", owners=["alice"])
     alice, mallory = key_of("alice"), key_of("mallory")
 
     async def as_alice() -> dict[str, Any]:
@@ -164,7 +164,7 @@ def test_bad_input_is_a_tool_error_with_the_apis_code(
     live_server, make_endpoint, api_key, settings
 ):
     make_endpoint("mcp.echo")  # no worker: its tickets stay queued
-    make_endpoint("mcp.stuck", path="endpoints.demo.stuck", interrupt_grace_s=0.05)
+    make_endpoint("mcp.stuck", path="runtime.demo.stuck", interrupt_grace_s=0.05)
     case = Ledger().quarantine("mcp.stuck")
     settings.ADMISSION_MAX_WAIT_S = 20  # the live server runs in this process
 

@@ -18,10 +18,10 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.utils import timezone
 
-from endpoints import runtime
-from endpoints.runners import Outcome
 from recovery import services as recovery
 from recovery.models import CaseEvidence, Decision, Inspection, Lesson, RecoveryCase
+from runtime import turns as runtime
+from runtime.runners import Outcome
 from tests.recovery.conftest import drive_to_quarantine, owner  # noqa: F401 - fixture
 from tickets import delivery, retention
 from tickets.admission import admit_ticket
@@ -54,7 +54,7 @@ def exists(ticket: Ticket) -> bool:
 def ledger(make_endpoint, owner):  # noqa: F811 - the imported fixture
     make_endpoint("ret.echo")
     make_endpoint(
-        "ret.stuck", path="endpoints.demo.stuck", interrupt_grace_s=0.05, owners=[owner.username]
+        "ret.stuck", path="runtime.demo.stuck", interrupt_grace_s=0.05, owners=[owner.username]
     )
     with days_ago(40):
         done = run("ret.echo")  # finished, delivered (acknowledged): prunable
@@ -82,7 +82,7 @@ def ledger(make_endpoint, owner):  # noqa: F811 - the imported fixture
         open_case = drive_to_quarantine(
             admit_ticket(
                 endpoint=make_endpoint(
-                    "ret.stuck2", path="endpoints.demo.stuck", interrupt_grace_s=0.05
+                    "ret.stuck2", path="runtime.demo.stuck", interrupt_grace_s=0.05
                 ).address,
                 input={"seconds": 30},
                 actor="test",

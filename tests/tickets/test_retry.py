@@ -11,10 +11,11 @@ from django.db import connection
 
 from accounts.keys import create_api_key
 from core.errors import EndpointQuarantined, Invalid, InvalidTransition, NotFound
-from endpoints import runtime
-from endpoints.models import Turn
+from runtime import services as runtime_services
+from runtime import turns as runtime
+from runtime.models import Turn
 from tests.conftest import wait_for
-from tickets import lifecycle, selectors
+from tickets import selectors
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 from tickets.retry import retry_ticket
@@ -39,7 +40,7 @@ def _failed(address: str, submitter) -> Ticket:
 
 
 def test_a_retry_links_both_ways_and_its_turn_keeps_the_smaller_budget(make_endpoint, people):
-    make_endpoint("flaky", path="endpoints.demo.fail", owners=["olive"], turn_budget_s=60)
+    make_endpoint("flaky", path="runtime.demo.fail", owners=["olive"], turn_budget_s=60)
     original = _failed("flaky", people["alice"])
 
     retry = retry_ticket(
@@ -79,7 +80,7 @@ def test_a_retry_links_both_ways_and_its_turn_keeps_the_smaller_budget(make_endp
 
 
 def test_refusals_say_why_and_write_nothing(make_endpoint, people):
-    make_endpoint("flaky", path="endpoints.demo.fail", owners=["olive"], turn_budget_s=30)
+    make_endpoint("flaky", path="runtime.demo.fail", owners=["olive"], turn_budget_s=30)
     make_endpoint("fine", owners=["olive"])
     original = _failed("flaky", people["alice"])
     done = admit_ticket(endpoint="fine", input={}, submitter=people["alice"]).ticket
@@ -98,7 +99,7 @@ def test_refusals_say_why_and_write_nothing(make_endpoint, people):
     with pytest.raises(NotFound):
         retry_ticket(ticket_id=original.id, user=people["mallory"], reason="r")
     bobs = admit_ticket(endpoint="fine", input={"x": 1}, submitter=people["bob"]).ticket
-    lifecycle.cancel_ticket(ticket_id=bobs.id, actor="test", reason="r")
+    runtime_services.cancel_ticket(ticket_id=bobs.id, actor="test", reason="r")
     with pytest.raises(NotFound):
         retry_ticket(ticket_id=bobs.id, user=people["alice"], reason="r")
     assert Ticket.objects.count() == before + 1
@@ -115,7 +116,7 @@ def test_a_quarantined_endpoint_refuses_the_retry(make_endpoint, people):
     make_endpoint("held", owners=["olive"], interrupt_grace_s=0.05)
     stuck = admit_ticket(endpoint="held", input={"task": "stuck"}).ticket
     waiting = admit_ticket(endpoint="held", input={"task": "next"}).ticket
-    lifecycle.cancel_ticket(ticket_id=waiting.id, actor="test", reason="r")
+    runtime_services.cancel_ticket(ticket_id=waiting.id, actor="test", reason="r")
     started = runtime.start_turn(ticket_id=stuck.id)
     assert runtime.request_interrupt(turn_id=started.turn.id, reason="deadline", actor="test")
     case_id = wait_for(
@@ -133,7 +134,7 @@ def test_a_quarantined_endpoint_refuses_the_retry(make_endpoint, people):
 def test_concurrent_retries_of_one_ticket_make_one_retry(make_endpoint, people):
     """Eight clicks at once (threads on a barrier, real PostgreSQL): one
     retry; the others are refused naming it."""
-    make_endpoint("flaky", path="endpoints.demo.fail", owners=["olive"])
+    make_endpoint("flaky", path="runtime.demo.fail", owners=["olive"])
     original = _failed("flaky", people["alice"])
     barrier = threading.Barrier(8)
     made, refused = [], []
@@ -158,7 +159,7 @@ def test_concurrent_retries_of_one_ticket_make_one_retry(make_endpoint, people):
 
 
 def test_the_api_route_retries_and_refuses_with_the_documented_codes(make_endpoint, api, people):
-    make_endpoint("flaky", path="endpoints.demo.fail", owners=["olive"], turn_budget_s=20)
+    make_endpoint("flaky", path="runtime.demo.fail", owners=["olive"], turn_budget_s=20)
     alice = api.as_key(create_api_key(username="alice")[1])
     mallory = api.as_key(create_api_key(username="mallory")[1])
     original = _failed("flaky", people["alice"])

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from accounts.keys import create_api_key
 from core.errors import InvalidSearch
-from endpoints import runtime
+from runtime import turns as runtime
 from tickets import search, selectors
 from tickets.admission import admit_ticket
 from tickets.models import Ticket

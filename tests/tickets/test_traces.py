@@ -42,7 +42,7 @@ def post(key: str, body: dict, client: Client | None = None, **headers):
 
 @pytest.fixture
 def world():
-    create_endpoint(address="t.ep", runner={"kind": "python", "path": "endpoints.demo.echo"})
+    create_endpoint(address="t.ep", runner={"kind": "python", "path": "runtime.demo.echo"})
     return {"victim": key_of("victim"), "stranger": key_of("stranger")}
 
 
@@ -135,7 +135,7 @@ def test_callers_racing_to_start_one_trace_never_share_it():
     id at once, several rounds: each trace ends up holding one caller's
     tickets only. A check that read "no such trace" without serialising the
     first admissions would let two of them in."""
-    create_endpoint(address="t.race", runner={"kind": "python", "path": "endpoints.demo.echo"})
+    create_endpoint(address="t.race", runner={"kind": "python", "path": "runtime.demo.echo"})
     n, rounds = 8, 4
     keys = [key_of(f"racer{i}") for i in range(n)]
     errors: list = []

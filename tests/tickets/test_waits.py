@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from endpoints import runtime
+from runtime import turns as runtime
 from tests.conftest import listener_wakeups, wait_for, waiting_on
 from tickets import selectors, waits
 from tickets.admission import admit_ticket

@@ -14,11 +14,11 @@ from django.utils import timezone
 from core import outbound
 from core.dispatch import DELIVER, publish
 from core.errors import Forbidden, InvalidTransition, NotFound
+from core.ids import new_id
+from endpoints.selectors import is_owner
 
 from ..events import set_recorded_fields, update_fields
-from ..ids import new_id
 from ..models import Delivery, DeliveryState, ObligationState, Ticket
-from ..ports import endpoint_directory
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def approve_ticket(*, ticket_id: uuid.UUID, user, reason: str = "") -> Ticket:
     ticket = Ticket.objects.select_related("endpoint").filter(id=ticket_id).first()
     if ticket is None:
         raise NotFound(f"ticket {ticket_id} not found")
-    if not endpoint_directory().is_owner(user, ticket.endpoint):
+    if not is_owner(user, ticket.endpoint):
         raise Forbidden(f"only an owner of {ticket.endpoint.address} may approve its results")
     with transaction.atomic():
         ticket = locked_ticket(ticket_id)

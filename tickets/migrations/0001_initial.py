@@ -5,13 +5,26 @@
 - ``claimcheck_prune_ledger`` (tickets/retention.py): retention's one
   privileged path, a SECURITY DEFINER function owned by the migrating
   (owner) role; the application role is granted EXECUTE after migrate
-  (core/db_roles.py).
+  (core/db_roles.py);
+- the GIN indexes (jsonb_path_ops) of the ticket's input and result, for
+  the search by key and value (tickets/search.py):
+  ``input @> '{"customer": 42}'``;
+- two expression indexes the console's search and delivery filter read:
+  ticket_id_tail_idx, the id's last group (its last twelve characters, 48
+  random bits of a UUIDv7) reversed, so a search by the id's tail, as the
+  pages print it (``…36ada1f2``), is a prefix range scan (the search checks
+  the whole tail on the rows it finds: tickets.selectors.find_tickets);
+  ticket_delivery_idx, ``(delivery_state, id DESC)`` for the "awaiting
+  approval / pending / failed" filter and the dashboard's approvals panel,
+  partial: children have no delivery, and "delivered" (most finished roots)
+  is common enough that walking the primary key finds a page of it at once.
 
 The transition functions (admission, a delivery's opening) are in
 tickets/sql/, installed after every migrate (core/sqlfunctions.py)."""
 
+import core.ids
+import django.contrib.postgres.indexes
 import django.db.models.deletion
-import tickets.ids
 from django.conf import settings
 from django.db import migrations, models
 
@@ -20,6 +33,13 @@ from tickets.retention import DROP_SQL, function_sql
 
 
 EVENT_INDEXES = ("tickets_ticketevent_pkey", "tickets_ticketevent_ticket_id_b572d14b")
+
+INDEXES = {
+    "ticket_id_tail_idx": "(reverse(right(id::text, 12)) text_pattern_ops)",
+    "ticket_delivery_idx": (
+        "(delivery_state, id DESC) WHERE delivery_state NOT IN ('none', 'delivered')"
+    ),
+}
 
 
 def _fill_event_index_pages(apps, schema_editor):
@@ -51,14 +71,13 @@ def _drop_prune_function(apps, schema_editor):
     schema_editor.execute(DROP_SQL, params=None)
 
 
-
-
 class Migration(migrations.Migration):
 
     initial = True
 
     dependencies = [
         ('endpoints', '0001_initial'),
+        ('runtime', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -76,7 +95,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='Ticket',
             fields=[
-                ('id', models.UUIDField(default=tickets.ids.new_id, editable=False, primary_key=True, serialize=False)),
+                ('id', models.UUIDField(default=core.ids.new_id, editable=False, primary_key=True, serialize=False)),
                 ('dedupe_key', models.CharField(blank=True, max_length=255, null=True)),
                 ('input_sha256', models.CharField(max_length=64)),
                 ('input', models.JSONField()),
@@ -87,11 +106,13 @@ class Migration(migrations.Migration):
                 ('error', models.JSONField(blank=True, null=True)),
                 ('artifacts', models.JSONField(blank=True, default=list)),
                 ('continuation', models.JSONField(blank=True, null=True)),
+                ('budget_s', models.PositiveIntegerField(blank=True, null=True)),
                 ('requester', models.JSONField(blank=True, default=dict)),
                 ('callback_state', models.CharField(choices=[('none', 'None'), ('pending', 'Pending'), ('accepted', 'Accepted'), ('recorded', 'Recorded')], default='none', max_length=16)),
                 ('delivery_state', models.CharField(choices=[('none', 'None'), ('awaiting_approval', 'Awaiting Approval'), ('pending', 'Pending'), ('attempted', 'Attempted'), ('delivered', 'Delivered'), ('failed', 'Failed')], default='none', max_length=20)),
                 ('approved_at', models.DateTimeField(blank=True, null=True)),
                 ('cancel_requested_at', models.DateTimeField(blank=True, null=True)),
+                ('needs_dispatch', models.BooleanField(db_default=False, default=False)),
                 ('obligation_state', models.CharField(choices=[('none', 'None'), ('open', 'Open'), ('closed', 'Closed')], default='none', max_length=8)),
                 ('obligation_due_at', models.DateTimeField(blank=True, null=True)),
                 ('obligation_overdue', models.BooleanField(default=False)),
@@ -102,22 +123,20 @@ class Migration(migrations.Migration):
                 ('version', models.PositiveIntegerField(default=1)),
                 ('approved_by', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
                 ('callback_for', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='callback_ticket', to='tickets.ticket')),
-                ('completed_by_turn', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='endpoints.turn')),
+                ('completed_by_turn', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='runtime.turn')),
                 ('endpoint', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='tickets', to='endpoints.endpoint')),
                 ('parent', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='children', to='tickets.ticket')),
+                ('rerun_of', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='reruns', to='tickets.ticket')),
+                ('retry_of', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='retries', to='tickets.ticket')),
                 ('return_to', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='endpoints.endpoint')),
                 ('submitted_by', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('turn', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='endpoints.turn')),
-                ('rerun_of', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='reruns', to='tickets.ticket')),
-                ('needs_dispatch', models.BooleanField(db_default=False, default=False)),
-                ('budget_s', models.PositiveIntegerField(blank=True, null=True)),
-                ('retry_of', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='retries', to='tickets.ticket')),
+                ('turn', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='runtime.turn')),
             ],
         ),
         migrations.CreateModel(
             name='Delivery',
             fields=[
-                ('id', models.UUIDField(default=tickets.ids.new_id, editable=False, primary_key=True, serialize=False)),
+                ('id', models.UUIDField(default=core.ids.new_id, editable=False, primary_key=True, serialize=False)),
                 ('mode', models.CharField(choices=[('webhook', 'Webhook'), ('pull', 'Pull')], max_length=8)),
                 ('url', models.URLField(blank=True, default='', max_length=2000)),
                 ('attempts', models.PositiveIntegerField(default=0)),
@@ -127,6 +146,9 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField()),
                 ('ticket', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='delivery', to='tickets.ticket')),
             ],
+            options={
+                'verbose_name_plural': 'deliveries',
+            },
         ),
         migrations.CreateModel(
             name='Callback',
@@ -149,7 +171,7 @@ class Migration(migrations.Migration):
                 ('detail', models.JSONField(blank=True, default=dict)),
                 ('at', models.DateTimeField()),
                 ('ticket', models.ForeignKey(on_delete=django.db.models.deletion.DO_NOTHING, related_name='events', to='tickets.ticket')),
-                ('turn', models.ForeignKey(blank=True, db_constraint=False, db_index=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='endpoints.turn')),
+                ('turn', models.ForeignKey(blank=True, db_constraint=False, db_index=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='runtime.turn')),
             ],
             options={
                 'ordering': ['id'],
@@ -202,6 +224,14 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name='ticket',
             index=models.Index(condition=models.Q(('callback_state', 'pending')), fields=['id'], name='ticket_callback_pending_idx'),
+        ),
+        migrations.AddIndex(
+            model_name='ticket',
+            index=django.contrib.postgres.indexes.GinIndex(fields=['input'], name='ticket_input_search_idx', opclasses=['jsonb_path_ops']),
+        ),
+        migrations.AddIndex(
+            model_name='ticket',
+            index=django.contrib.postgres.indexes.GinIndex(condition=models.Q(('result__isnull', False)), fields=['result'], name='ticket_result_search_idx', opclasses=['jsonb_path_ops']),
         ),
         migrations.AddIndex(
             model_name='ticket',
@@ -264,4 +294,10 @@ class Migration(migrations.Migration):
         AppendOnly("tickets_ticketevent", "tickets_deliveryattempt"),
         migrations.RunPython(_fill_event_index_pages, _reset_event_index_pages),
         migrations.RunPython(_prune_function, _drop_prune_function),
+        *[
+            migrations.RunSQL(
+                f"CREATE INDEX {name} ON tickets_ticket {spec}", f"DROP INDEX {name}"
+            )
+            for name, spec in INDEXES.items()
+        ],
     ]

@@ -43,7 +43,7 @@ BEGIN
             tu.seq, tu.state::text, rte.address::text, to_jsonb(t)
         FROM tickets_ticket t
         JOIN endpoints_endpoint e ON e.id = t.endpoint_id
-        LEFT JOIN endpoints_turn tu ON tu.id = t.turn_id
+        LEFT JOIN runtime_turn tu ON tu.id = t.turn_id
         LEFT JOIN endpoints_endpoint rte ON rte.id = t.return_to_id
         WHERE t.dedupe_key = p_dedupe_key
           AND EXISTS (SELECT 1 FROM endpoints_routegeneration r
@@ -129,7 +129,7 @@ BEGIN
         v_refusal := 'paused';
     END IF;
     IF v_refusal IS NULL AND p_rerun_of IS NULL AND e.busy_policy <> 'enqueue' AND (
-            EXISTS (SELECT 1 FROM endpoints_endpointlock l
+            EXISTS (SELECT 1 FROM runtime_endpointlock l
                     WHERE l.endpoint_id = e.id AND l.holder_id IS NOT NULL)
             OR EXISTS (SELECT 1 FROM tickets_ticket q
                        WHERE q.endpoint_id = e.id AND q.state = 'queued')) THEN
@@ -213,7 +213,7 @@ BEGIN
                     WHERE ug.group_id = e.owners_id AND ug.user_id = p_submitted_by),
             tu.seq, tu.state::text, rte.address::text, to_jsonb(t)
         FROM tickets_ticket t
-        LEFT JOIN endpoints_turn tu ON tu.id = t.turn_id
+        LEFT JOIN runtime_turn tu ON tu.id = t.turn_id
         LEFT JOIN endpoints_endpoint rte ON rte.id = t.return_to_id
         WHERE t.endpoint_id = e.id AND t.dedupe_key = p_dedupe_key;
         IF FOUND THEN

@@ -14,12 +14,12 @@ from endpoints.models import Endpoint
 from endpoints.services import add_owner, create_endpoint
 
 DEMO = {
-    "demo.echo": "endpoints.demo.echo",
-    "demo.sleep": "endpoints.demo.sleep",
-    "demo.stuck": "endpoints.demo.stuck",
-    "demo.stubborn": "endpoints.demo.stubborn",
-    "demo.fail": "endpoints.demo.fail",
-    "demo.research": "endpoints.demo.research",
+    "demo.echo": "runtime.demo.echo",
+    "demo.sleep": "runtime.demo.sleep",
+    "demo.stuck": "runtime.demo.stuck",
+    "demo.stubborn": "runtime.demo.stubborn",
+    "demo.fail": "runtime.demo.fail",
+    "demo.research": "runtime.demo.research",
 }
 # Runner fields and budgets beyond the defaults. demo.stuck runs inline: an
 # ignored interrupt cannot be proven stopped, so it shows quarantine (and a
@@ -31,11 +31,11 @@ SHORT = {"turn_budget_s": 20, "interrupt_grace_s": 5}
 BUDGETS = {"demo.stuck": SHORT, "demo.stubborn": SHORT, "demo.sleep": SHORT}
 OWNER, PASSWORD = "demo", "demo-owner"
 # The apps whose records the admin shows (view-only: core/readonly_admin.py).
-LEDGER_APPS = ("tickets", "endpoints", "recovery")
+LEDGER_APPS = ("tickets", "endpoints", "runtime", "recovery")
 # Agent endpoints (runner kind "agent"): created when their framework is
 # installed (the optional dependency group, e.g. `uv sync --extra pydantic-ai`).
 AGENT_DEMO = {
-    "demo.agent": {"kind": "agent", "framework": "pydantic_ai", "path": "endpoints.demo.agent"},
+    "demo.agent": {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"},
 }
 
 
@@ -106,8 +106,8 @@ class Command(BaseCommand):
 
 
 def _installed(runner: dict) -> bool:
-    from endpoints.agents.runner import load_adapter
-    from endpoints.runners import RunnerError
+    from runtime.agents.runner import load_adapter
+    from runtime.runners import RunnerError
 
     try:
         load_adapter(runner["framework"])

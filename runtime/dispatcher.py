@@ -1,0 +1,114 @@
+"""The dispatcher: publishes the turns the ledger owes (docs/design.md, flow 2).
+
+Admission never talks to the broker. Its statement marks the new ticket
+``needs_dispatch`` and calls ``pg_notify`` (delivered at commit); this thread
+LISTENs on that channel and, on every wake-up, runs one pass of
+``turns.dispatch_owed`` (one statement, then one batch of publishes).
+Without a notification it still makes a pass every ``DISPATCHER_POLL_S``
+(a notification sent while its LISTEN connection was down), and the lost-dispatch
+sweep stays the safety net for a message the broker loses.
+
+It runs as a thread of every Celery worker that consumes the ``control``
+queue (``runtime/tasks.py`` starts it when the worker is ready): the
+process every deployment already runs, with the database and broker settings
+it needs. More than one at a time is safe: a pass locks the free endpoints'
+lock rows and unmarks a ticket only if it is still marked.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+from django.db import close_old_connections, connections
+
+from core.dispatch import DISPATCH_CHANNEL
+from core.listen import connect_listener, describe_target, listen_params
+
+from . import turns
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher(threading.Thread):
+    def __init__(self, name: str = "dispatcher") -> None:
+        super().__init__(name=name, daemon=True)
+        self._stop_event = threading.Event()
+        self.listening = threading.Event()  # set once LISTEN is in place
+        self.passes = 0
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                try:
+                    self._serve()
+                except Exception:  # a database outage: back off, then listen again
+                    log.exception("dispatcher: pass failed; retrying")
+                    connections.close_all()
+                    self._stop_event.wait(1.0)
+        finally:
+            connections.close_all()
+
+    def _listener(self):
+        # Its own session, direct or session-pooled (DATABASE_LISTEN_URL):
+        # through a transaction pooler no notification would reach it.
+        listener = connect_listener(listen_params("claimcheck dispatcher"))
+        listener.execute(f"LISTEN {DISPATCH_CHANNEL}")
+        return listener
+
+    def _serve(self) -> None:
+        listener = self._listener()
+        try:
+            self.listening.set()
+            while not self._stop_event.is_set():
+                # LISTEN is in place before the pass: a ticket committed
+                # during the pass wakes the next one.
+                close_old_connections()
+                if turns.dispatch_owed():
+                    self.passes += 1
+                self._wait(listener)
+        finally:
+            listener.close()
+
+    def _wait(self, listener) -> None:
+        poll = settings.DISPATCHER_POLL_S
+        # Wake on the first notification (or the poll period), then drain
+        # what else arrived: one pass serves them all. Short slices so that
+        # stop() is seen promptly.
+        waited = 0.0
+        while waited < poll and not self._stop_event.is_set():
+            step = min(0.5, poll - waited)
+            if any(True for _ in listener.notifies(timeout=step, stop_after=1)):
+                for _ in listener.notifies(timeout=0.0):
+                    pass
+                return
+            waited += step
+
+
+_running: Dispatcher | None = None
+
+
+def start_in_worker(queues) -> Dispatcher | None:
+    """Start the dispatcher in a worker that consumes the control or the turns
+    queue: every worker dispatches (several dispatchers are safe), so turns
+    still start while the control worker is down."""
+    global _running
+    if not settings.DISPATCHER_ENABLED or not {"control", "turns"} & set(queues):
+        return None
+    if _running is None or not _running.is_alive():
+        _running = Dispatcher()
+        _running.start()
+        log.info("dispatcher started (LISTEN %s via %s)", DISPATCH_CHANNEL, describe_target())
+    return _running
+
+
+def stop_in_worker() -> None:
+    global _running
+    if _running is not None:
+        _running.stop()
+        _running.join(timeout=5)
+        _running = None

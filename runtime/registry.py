@@ -1,0 +1,164 @@
+"""The worker registry: workers register and heartbeat themselves; each pool
+process records the turn it runs (docs/design.md, "Worker registry").
+
+Writes only: the worker's own row and its slots. What the rows mean (idle,
+running, interrupting, held, lost) is read by ``runtime.selectors``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+from django.db import connection
+from django.utils import timezone
+
+from core.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection
+
+from .models import Worker, WorkerSlot
+
+log = logging.getLogger(__name__)
+
+# The Celery node name of the worker this pool process belongs to (set when a
+# task starts, runtime.worker); empty outside a worker: nothing is recorded.
+_node = ""
+
+
+def set_node(name: str) -> None:
+    global _node
+    _node = name or ""
+
+
+def register_worker(
+    *,
+    name: str,
+    host: str,
+    pid: int,
+    queues: list[str],
+    pool_size: int,
+    consuming: list[str] | None = None,
+) -> Worker:
+    now = timezone.now()
+    worker, _ = Worker.objects.update_or_create(
+        name=name,
+        defaults={
+            "host": host,
+            "pid": pid,
+            "queues": queues,
+            # A (re)started worker consumes what it was started for.
+            "consuming": sorted(queues if consuming is None else consuming),
+            "pool_size": pool_size,
+            "started_at": now,
+            "last_seen_at": now,
+        },
+    )
+    # A restarted worker of the same name: its old pool processes are gone.
+    WorkerSlot.objects.filter(worker=worker).delete()
+    return worker
+
+
+def beat_worker(name: str, consuming: list[str] | None = None) -> None:
+    """The worker is alive; ``consuming``: the queues its consumer takes
+    messages from now (None: unknown, e.g. while it reconnects; left as is)."""
+    fields: dict = {"last_seen_at": timezone.now()}
+    if consuming is not None:
+        fields["consuming"] = sorted(consuming)
+    Worker.objects.filter(name=name).update(**fields)
+
+
+# The slot's row in one statement (PostgreSQL): twice per turn, so not the
+# ORM's transaction of a read, a locked read and a write.
+_SLOT_SQL = """
+INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)
+SELECT w.id, %(pid)s, %(turn)s, %(now)s, %(now)s FROM runtime_worker w WHERE w.name = %(node)s
+ON CONFLICT (worker_id, pid) DO UPDATE
+SET turn_id = EXCLUDED.turn_id, since = EXCLUDED.since, updated_at = EXCLUDED.updated_at
+"""
+
+
+def _slot(turn_id: uuid.UUID | None) -> None:
+    if not _node:
+        return
+    now = timezone.now()
+    try:
+        with connection.cursor() as cur:
+            cur.execute(_SLOT_SQL, {"pid": os.getpid(), "turn": turn_id, "now": now, "node": _node})
+    except TRANSIENT_DB_ERRORS as exc:  # the registry is a view: never fail a turn for it
+        log.warning("worker slot not recorded: %s", describe(exc))
+        drop_broken_connection()
+
+
+_CHILD_SQL = """
+UPDATE runtime_workerslot s SET child_pid = %(child)s
+FROM runtime_worker w WHERE w.id = s.worker_id AND w.name = %(node)s AND s.pid = %(pid)s
+"""
+
+
+def slot_child(child_pid: int) -> None:
+    """This pool process forked ``child_pid`` as its warm turn process
+    (runtime/isolation.py): the process its isolated turns run in, shown
+    beside the slot. Once per fork, not per turn."""
+    if not _node:
+        return
+    try:
+        with connection.cursor() as cur:
+            cur.execute(_CHILD_SQL, {"child": child_pid, "node": _node, "pid": os.getpid()})
+    except TRANSIENT_DB_ERRORS as exc:  # the registry is a view: never fail a turn for it
+        log.warning("worker slot's turn process not recorded: %s", describe(exc))
+        drop_broken_connection()
+    except Exception:
+        log.exception("worker slot's turn process not recorded")
+
+
+def current_slot() -> tuple[str, int] | None:
+    """This pool process's slot (node name, pid), for the turn's start and
+    finish functions, which record it themselves; None outside a worker."""
+    return (_node, os.getpid()) if _node else None
+
+
+def slot_busy(turn_id: uuid.UUID) -> None:
+    """This pool process now runs ``turn_id``."""
+    _slot(turn_id)
+
+
+def slot_idle() -> None:
+    """This pool process runs nothing any more."""
+    _slot(None)
+
+
+STOP_COMMAND = "claimcheck_stop_process"
+
+
+def request_process_stop(worker: str, **arguments) -> None:
+    """Ask the worker named ``worker`` (and only it: the broadcast's
+    destination) to kill its own pool process ``pid`` if it still runs
+    ``turn_id`` (``runtime.worker``). After commit of the recorded stop."""
+    from celery import current_app
+
+    try:
+        current_app.control.broadcast(STOP_COMMAND, arguments=arguments, destination=[worker])
+    except Exception:  # the broker is down: the stop stays "requested", visible
+        log.exception("stop-the-process request to %s not sent", worker)
+
+
+def clear_slot(worker: str, pid: int) -> None:
+    WorkerSlot.objects.filter(worker__name=worker, pid=pid).delete()
+
+
+def send_consumer_command(worker: str, *, queue: str, consume: bool, timeout: float) -> list:
+    """Celery's ``add_consumer`` / ``cancel_consumer`` for ``queue``, to the
+    worker named ``worker`` only; the replies of its main process (a list of
+    ``{"ok": ...}`` or ``{"error": ...}``), empty when it did not answer
+    within ``timeout`` or the broker is down."""
+    from celery import current_app
+
+    control = current_app.control
+    command = control.add_consumer if consume else control.cancel_consumer
+    try:
+        replies = command(queue, destination=[worker], reply=True, timeout=timeout) or []
+    except Exception:
+        log.exception("%s %s to %s not sent", "add_consumer" if consume else "cancel_consumer",
+                      queue, worker)  # fmt: skip
+        return []
+    # [{node name: {"ok": text}}] -> [{"ok": text}]
+    return [answer for reply in replies for answer in reply.values()]

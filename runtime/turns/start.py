@@ -1,0 +1,172 @@
+"""Starting a turn: the lock row, the fencing token (``seq``), the Turn row
+and its token; ``queued -> running``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection
+from django.db.models import Model
+
+from core import observe
+from core.ids import new_id
+from core.sqlfunctions import call_cursor
+from endpoints.models import Endpoint
+from tickets.models import Ticket, TicketState
+
+from ..models import Turn, TurnState
+
+log = logging.getLogger(__name__)
+
+
+def worker_identity() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+@dataclass
+class Started:
+    turn: Turn
+    ticket: Ticket
+    endpoint: Endpoint
+    # The turn's credential for the turn API, for its runner only: the Turn
+    # row keeps just its SHA-256 (token_sha256).
+    token: str = field(default="", repr=False)
+    # The start statement already pointed this worker's registry slot at the turn.
+    slot_recorded: bool = False
+    # The worker's monotonic clock just before it sent the statement that
+    # started the turn: it precedes the turn's started_at, so the run time
+    # measured from it (finish_turn's ran_s) is never short.
+    began: float = 0.0
+
+
+def turn_token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _select(model: type[Model], column: str) -> str:
+    """The composite's fields by name, in the model's order."""
+    return ", ".join(f'(r.{column})."{f.column}"' for f in model._meta.concrete_fields)
+
+
+_PARTS = (
+    (Endpoint, [f.attname for f in Endpoint._meta.concrete_fields]),
+    (Turn, [f.attname for f in Turn._meta.concrete_fields]),
+    (Ticket, [f.attname for f in Ticket._meta.concrete_fields]),
+)
+# claimcheck_start_turn: runtime/sql/claimcheck_start_turn.sql.
+_START_SQL = (
+    f"SELECT {_select(Endpoint, 'o_endpoint')}, {_select(Turn, 'o_turn')}, "
+    f"{_select(Ticket, 'o_ticket')} "
+    "FROM claimcheck_start_turn(%s, %s, %s, %s::jsonb, %s, %s, %s, %s) r"
+)
+
+
+def _load(model: type[Model], names: list[str], values: tuple) -> Model:
+    """A model instance from the columns the function returned, converted the
+    way the ORM converts them (json text to Python)."""
+    converted = []
+    for name, value in zip(names, values, strict=True):
+        field = model._meta.get_field(name) if not name.endswith("_id") else None
+        if field is not None and hasattr(field, "from_db_value") and isinstance(value, str):
+            value = field.from_db_value(value, None, connection)
+        converted.append(value)
+    return model.from_db(connection.alias, names, converted)
+
+
+def start_turn(
+    *, ticket_id: uuid.UUID, celery_task_id: str = "", slot: tuple[str, int] | None = None
+) -> Started | None:
+    """Start the next turn of the endpoint a dispatch message names
+    (DESIGN.md flow 2). Returns None when there is nothing to do.
+
+    One call of the database function ``claimcheck_start_turn``, one
+    statement and, in autocommit, its own transaction:
+
+    1. A ticket no longer ``queued`` means a duplicate message: do nothing.
+    2. Lock the endpoint's lock row. Held, or endpoint quarantined or paused:
+       leave the ticket queued, marked ``needs_dispatch`` (the release
+       publishes it; a quarantined or paused endpoint dispatches nothing
+       until its owner's decision or resume).
+    3. Take the endpoint's *oldest* queued ticket (FIFO per endpoint), skipping
+       rows another transaction holds (a cancel in flight). If that is not the
+       message's ticket, the message's ticket is marked too.
+    4. ``seq = ++turn_seq`` while the endpoint is ``available`` and not
+       paused (the same UPDATE: a pause is ordered before or after it); create the
+       Turn with the SHA-256 of a fresh random token (the runner gets the
+       token itself); make it the lock holder and the ticket's registered
+       turn; ticket ``queued -> running`` with its event; the worker's
+       registry slot (``slot``: node name and pid) names the turn.
+
+    The function's comments say why each guard holds under READ COMMITTED.
+    """
+    began = time.monotonic()
+    token = secrets.token_urlsafe(32)
+    worker = worker_identity()
+    node, pid = slot or ("", 0)
+    params = [
+        ticket_id,
+        new_id(),
+        celery_task_id or "",
+        json.dumps(worker),
+        turn_token_sha256(token),
+        f"worker:{worker['host']}:{worker['pid']}",
+        node,
+        pid,
+    ]
+    with call_cursor() as cur:
+        cur.execute(_START_SQL, params)
+        row = cur.fetchone()
+    if row is None:
+        return None
+    loaded, at = [], 0
+    for model, names in _PARTS:
+        loaded.append(_load(model, names, row[at : at + len(names)]))
+        at += len(names)
+    endpoint, turn, ticket = loaded
+    turn.endpoint, turn.ticket, ticket.turn = endpoint, ticket, turn
+    # What lifecycle.transition reports for the turn_started edge (metrics; in
+    # autocommit the statement has committed, so they count at once).
+    observe.transition(
+        ticket_id=ticket.id,
+        expected=TicketState.QUEUED,
+        to=TicketState.RUNNING,
+        kind="turn_started",
+        turn_id=turn.id,
+        fields={"turn": turn},
+    )
+    return Started(
+        turn=turn,
+        ticket=ticket,
+        endpoint=endpoint,
+        token=token,
+        slot_recorded=slot is not None,
+        began=began,
+    )
+
+
+def started_by(celery_task_id: str) -> Started | None:
+    # Running turns only: the partial index on active turns keeps this small.
+    turn = (
+        Turn.objects.select_related("ticket", "endpoint")
+        .filter(state=TurnState.RUNNING, celery_task_id=celery_task_id)
+        .first()
+    )
+    if turn is None or turn.worker != worker_identity():
+        return None
+    # The token made by the lost attempt died with its reply: issue a new one
+    # (only the hash is stored, so the old one cannot be recovered).
+    token = secrets.token_urlsafe(32)
+    if not Turn.objects.filter(id=turn.id, state=TurnState.RUNNING).update(
+        token_sha256=turn_token_sha256(token)
+    ):
+        return None
+    return Started(turn=turn, ticket=turn.ticket, endpoint=turn.endpoint, token=token)
