@@ -292,6 +292,9 @@ class Ticket(models.Model):
                 name="ticket_result_search_idx",
                 condition=Q(result__isnull=False),
             ),
+            # The same paths under the ticket's submitter and its endpoint,
+            # ticket_search_scoped_idx, is tickets migration 0005's (an
+            # expression with an operator class: SQL of its own).
             # The rarely-set references: only the tickets that have one.
             *[
                 models.Index(

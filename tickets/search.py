@@ -29,7 +29,17 @@ import re
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import BooleanField, ExpressionWrapper, JSONField, Q, QuerySet, Value
+from django.db.models import (
+    BooleanField,
+    ExpressionWrapper,
+    F,
+    Func,
+    JSONField,
+    Q,
+    QuerySet,
+    Value,
+)
+from django.db.models.fields.json import DataContains
 from django.db.models.functions import Cast
 
 from core.errors import InvalidSearch
@@ -63,6 +73,15 @@ class Term:
 
     def q(self) -> Q:
         return Q(**{f"{self.column}__contains": Cast(Value(self.document()), JSONField())})
+
+    def scoped_q(self, scope: str) -> Q:
+        """The term among one scope's tickets (``scope``: ``s<user id>``, a
+        submitter's, or ``e<endpoint id>``, an endpoint's), by the scoped
+        index: ``{"s42": {"input": <document>}}``."""
+        doc = (
+            "{" + json.dumps(scope) + ":{" + json.dumps(self.column) + ":" + self.document() + "}}"
+        )
+        return Q(DataContains(SCOPED, Cast(Value(doc), JSONField())))
 
     def __str__(self) -> str:
         keys = ".".join(k if _bare_key(k) else json.dumps(k, ensure_ascii=False) for k in self.path)
@@ -218,6 +237,45 @@ def matching(terms: list[Term]) -> Q:
     return q
 
 
+# --- Scopes: the terms among the tickets a caller may see ---------------------------------------
+
+# The ticket's input and result under its submitter's and its endpoint's
+# name (tickets migration 0005, ``ticket_search_scoped_idx``):
+# ``{"s<submitter>": {"input": ..., "result": ...}, "e<endpoint>": {...}}``.
+SCOPED = Func(
+    F("submitted_by"),
+    F("endpoint"),
+    F("input"),
+    F("result"),
+    function="claimcheck_search_document",
+    output_field=JSONField(),
+)
+
+
+def submitter_scope(user_id: int) -> str:
+    return f"s{user_id}"
+
+
+def endpoint_scope(endpoint_id: int) -> str:
+    return f"e{endpoint_id}"
+
+
+def within(terms: list[Term], scopes: list[str]) -> Q:
+    """Every term, in one of ``scopes``: a ticket matches under its own
+    submitter's scope or its own endpoint's, so this is exactly the
+    tickets of those scopes that match (the index rechecks its hashes).
+    No scope: no ticket."""
+    if not scopes:
+        return Q(pk__in=[])
+    q = Q()
+    for scope in scopes:
+        every = Q()
+        for term in terms:
+            every &= term.scoped_q(scope)
+        q |= every
+    return q
+
+
 # --- A page of matches, newest first ------------------------------------------------------------
 
 # How many of the newest tickets in scope the first step reads (see
@@ -225,9 +283,14 @@ def matching(terms: list[Term]) -> Q:
 WINDOW = 5000
 
 
-def newest_matching(scope: QuerySet, terms: list[Term], n: int) -> list:
+def newest_matching(
+    scope: QuerySet, terms: list[Term], n: int, scopes: list[str] | None = None
+) -> list:
     """The ids of the ``n`` newest tickets of ``scope`` (the list's
     visibility and filters) that match every term, newest first.
+    ``scopes`` (``within``) name the tickets ``scope`` can hold at most
+    (the caller's own and their endpoints', or one endpoint's); None for
+    every ticket (staff, no endpoint filter).
 
     Left to itself the planner cannot weigh a term: PostgreSQL estimates a
     containment from a sample of whole documents, so a value in 2 % of the
@@ -241,15 +304,20 @@ def newest_matching(scope: QuerySet, terms: list[Term], n: int) -> list:
     1. the newest ``WINDOW`` tickets of the scope, by the index the list
        already walks, each checked against the terms: a term in at least
        one of every ``WINDOW / n`` tickets fills the page here;
-    2. otherwise the older matches: every ticket of the scope matching the
-       terms, through the GIN indexes (an ``ARRAY`` subquery, computed
-       once: the planner cannot turn it into an id-order walk), the newest
-       of them probed by primary key.
+    2. otherwise the older matches: every match among ``scopes`` through
+       the scoped GIN index (``ticket_search_scoped_idx``: the caller's
+       matches only, whatever the others' tickets hold), or for staff every
+       match through the input and result indexes, as an ``ARRAY``
+       subquery (computed once: the planner cannot turn it into an id-order
+       walk), the newest of them probed by primary key and checked against
+       the scope's filters.
 
     Step 1 costs ``WINDOW`` rows, whatever the ledger's size; step 2 runs
     for a term in fewer than one of ``WINDOW / n`` recent tickets and costs
-    its matches. A term that matches few recent tickets but very many older
-    ones (or many tickets, none of them the caller's) costs that many rows.
+    the caller's matches (not the ledger's: a term in 20,000 tickets, none
+    of them the caller's, is one index lookup that finds nothing). A term
+    that matches few recent tickets but very many older ones costs that
+    many rows.
     """
     hit = ExpressionWrapper(matching(terms), output_field=BooleanField())
     window = scope.order_by("-id").annotate(hit=hit).values_list("id", "hit")[:WINDOW]
@@ -269,11 +337,21 @@ def newest_matching(scope: QuerySet, terms: list[Term], n: int) -> list:
     floor = next((row[0] for row in rows if row[2] == WINDOW), None)
     if len(hits) >= n or floor is None:
         return hits[:n]
-    # Every match in scope, unordered: the planner may combine the GIN
-    # index with the scope's own (the caller's tickets, an endpoint's),
-    # never walk the id order. Not the id range either: with it beside the
-    # terms it might read that range instead of the GIN index.
-    inner = scope.filter(matching(terms)).order_by().values("id").query
+    if scopes is None:
+        # Every match, unordered: the planner may combine the GIN indexes
+        # with the scope's own filters, never walk the id order. Not the id
+        # range either: with it beside the terms it might read that range
+        # instead of the GIN index.
+        inner = scope.filter(matching(terms)).order_by().values("id").query
+    else:
+        # The scopes' matches alone, from the scoped index: nothing else in
+        # the statement for the planner to AND with it (a submitter's own
+        # index holds half the ledger). Exact: a scope's document holds the
+        # ticket's own input and result, and the index rechecks its hashes
+        # on the row. The scope's filters are checked below, on the rows
+        # found.
+        model = scope.model
+        inner = model.objects.filter(within(terms, scopes)).order_by().values("id").query
     inner_sql, inner_params = inner.sql_with_params()
     older = scope.filter(id__lt=floor).extra(  # noqa: S610 - Django's SQL, parameters
         where=[f"tickets_ticket.id = ANY(ARRAY({inner_sql}))"],

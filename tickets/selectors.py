@@ -42,6 +42,26 @@ def visible_tickets(user) -> QuerySet[Ticket]:
     return Ticket.objects.filter(mine | Q(endpoint_id__in=owned) if owned else mine)
 
 
+def search_scopes(user, endpoint_id: int | None = None) -> list[str] | None:
+    """What a search inside input and result looks among (tickets.search
+    ``within``): the same rule as ``visible_tickets``, as the scoped index
+    names it. An endpoint the list is filtered by, if the caller sees all
+    of its tickets (staff, an owner); else the caller's own tickets and
+    their endpoints'. None for staff without an endpoint: every ticket.
+    Only an index's bound: the list's own filters still decide."""
+    if user is None or not user.is_authenticated:
+        return []
+    owned = endpoint_directory().owned_ids(user)
+    if endpoint_id is not None and (owned is None or endpoint_id in owned):
+        return [search.endpoint_scope(endpoint_id)]
+    if owned is None:
+        return None
+    mine = [search.submitter_scope(user.id)]
+    if endpoint_id is not None:  # another's endpoint: the caller's own tickets there
+        return mine
+    return mine + [search.endpoint_scope(e) for e in owned]
+
+
 def may_see(user, ticket: Ticket) -> bool:
     """Whether ``user`` may see this loaded ticket: the same rule as
     ``visible_tickets`` (which decides when the answer is not obvious)."""
@@ -189,12 +209,18 @@ def _listed(
     return qs
 
 
-def _newest(qs: QuerySet[Ticket], terms: list[search.Term] | None, n: int) -> list[Ticket]:
+def _newest(
+    qs: QuerySet[Ticket],
+    terms: list[search.Term] | None,
+    n: int,
+    scopes: list[str] | None = None,
+) -> list[Ticket]:
     """The ``n`` newest tickets of ``qs``; with search terms, the newest
-    that match them (tickets.search.newest_matching says how)."""
+    that match them among ``scopes`` (``search_scopes``;
+    tickets.search.newest_matching says how)."""
     if not terms:
         return list(qs.order_by("-id")[:n])
-    ids = search.newest_matching(qs, terms, n)
+    ids = search.newest_matching(qs, terms, n, scopes)
     return list(qs.filter(id__in=ids).order_by("-id")) if ids else []
 
 
@@ -219,7 +245,8 @@ def list_tickets(
         qs = qs.filter(trace_id=trace_id)
     if cursor:
         qs = qs.filter(id__lt=decode_cursor(cursor))
-    rows = _newest(qs, terms, limit + 1)
+    scopes = search_scopes(user, endpoint_id) if terms else None
+    rows = _newest(qs, terms, limit + 1, scopes)
     next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
 
@@ -353,6 +380,7 @@ def find_tickets(
                         params=[liat[:12] + "%", liat + "%"],
                     )
                 )
+    scopes = search_scopes(user, endpoint_id) if terms else None
     found: dict[uuid.UUID, Ticket] = {}
     for branch in branches:
         if terms and branch is not base:
@@ -362,7 +390,7 @@ def find_tickets(
             for ticket in branch.order_by("-id")[: limit + 1]:
                 found[ticket.id] = ticket
         else:
-            for ticket in _newest(branch, terms, limit + 1):
+            for ticket in _newest(branch, terms, limit + 1, scopes):
                 found[ticket.id] = ticket
     rows = sorted(found.values(), key=lambda t: t.id, reverse=True)[: limit + 1]
     next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
