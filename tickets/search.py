@@ -264,9 +264,9 @@ def within(terms: list[Term], scopes: list[str]) -> Q:
     """Every term, in one of ``scopes``: a ticket matches under its own
     submitter's scope or its own endpoint's, so this is exactly the
     tickets of those scopes that match (the index rechecks its hashes).
-    No scope: no ticket."""
+    At least one scope (no scope holds no ticket: ``newest_matching``)."""
     if not scopes:
-        return Q(pk__in=[])
+        raise ValueError("within() needs a scope")
     q = Q()
     for scope in scopes:
         every = Q()
@@ -335,7 +335,7 @@ def newest_matching(
         rows = cur.fetchall()
     hits = [row[0] for row in rows if row[1]]
     floor = next((row[0] for row in rows if row[2] == WINDOW), None)
-    if len(hits) >= n or floor is None:
+    if len(hits) >= n or floor is None or scopes == []:
         return hits[:n]
     if scopes is None:
         # Every match, unordered: the planner may combine the GIN indexes

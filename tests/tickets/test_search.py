@@ -407,3 +407,155 @@ def test_the_older_matches_come_from_the_gin_index(
     (sql,) = [q["sql"] for q in queries.captured_queries if "ANY(ARRAY(" in q["sql"]]
     plan = _plan(sql)
     assert index in plan and "@>" in plan, plan
+
+
+# --- Scopes: a caller's terms among the tickets they may see (issue 27) -------------------------
+
+
+@pytest.mark.django_db
+def test_search_scopes_follow_visibility(finished, django_user_model, make_endpoint, monkeypatch):
+    """The scoped index's names for what a caller may see: staff everything
+    (or the endpoint they filter by), an owner their own tickets and their
+    endpoints' (or the one owned endpoint filtered by), anyone else their
+    own tickets only, even filtered by someone else's endpoint."""
+    other = make_endpoint("s.elsewhere")
+    staff = django_user_model.objects.create_user("root", is_staff=True)
+    ep = finished.endpoint.id
+    owner, submitter = finished.owner, finished.submitter
+    assert selectors.search_scopes(staff) is None
+    assert selectors.search_scopes(staff, other.id) == [f"e{other.id}"]
+    assert selectors.search_scopes(owner) == [f"s{owner.id}", f"e{ep}"]
+    assert selectors.search_scopes(owner, ep) == [f"e{ep}"]
+    assert selectors.search_scopes(owner, other.id) == [f"s{owner.id}"]
+    assert selectors.search_scopes(submitter) == [f"s{submitter.id}"]
+    assert selectors.search_scopes(submitter, ep) == [f"s{submitter.id}"]
+    assert selectors.search_scopes(None) == []
+    # No scope: step 2 finds nothing (not everything) past the window.
+    monkeypatch.setattr(search, "WINDOW", 1)
+    made = [finished({"a": 1}).id for _ in range(3)]
+    terms = search.parse_terms("input.a:1")
+    assert search.newest_matching(Ticket.objects.all(), terms, 5, []) == [made[-1]]
+    assert search.newest_matching(Ticket.objects.all(), terms, 5, None) == made[::-1]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("window", [1, search.WINDOW])
+def test_a_term_common_in_others_tickets_and_in_none_of_the_callers(
+    finished, django_user_model, make_endpoint, monkeypatch, window
+):
+    """The shape step 2 used to pay half the ledger for (bench/console.py,
+    "2 % of others', as a submitter"): the others' matches are never the
+    caller's, before and after the caller's own tickets, whichever step
+    finds them; the caller's own older match is still found."""
+    monkeypatch.setattr(search, "WINDOW", window)
+    stranger = django_user_model.objects.create_user("stranger")
+    make_endpoint("s.strangers", owners=["stranger"])
+
+    def theirs(value: int) -> Ticket:
+        return admit_ticket(
+            endpoint="s.strangers", input={"team": value}, submitter=stranger
+        ).ticket
+
+    own_old = finished({"team": 7})
+    others = [theirs(3) for _ in range(3)]
+    mine = [finished({"team": 1}) for _ in range(3)]
+    others += [theirs(3) for _ in range(2)]
+    for user in (finished.submitter, finished.owner):
+        assert found(user, "input.team:3") == []
+        assert found(user, "result.echo.team:3") == []
+        assert found(user, "input.team:7") == [own_old.id]
+        assert found(user, "input.team:1") == [t.id for t in reversed(mine)]
+    assert found(stranger, "input.team:3") == [t.id for t in reversed(others)]
+    assert found(stranger, "input.team:7") == []
+    # The stranger's tickets on an endpoint the caller may not see, filtered
+    # by it: still none (the caller's own scope, then the endpoint filter).
+    theirs_ep = others[0].endpoint_id
+    assert found(finished.submitter, "input.team:3", endpoint_id=theirs_ep) == []
+    assert found(stranger, "input.team:3", endpoint_id=theirs_ep) == [
+        t.id for t in reversed(others)
+    ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("window", [1, search.WINDOW])
+def test_an_owner_finds_their_endpoints_tickets_whoever_submitted_them(
+    finished, django_user_model, monkeypatch, window
+):
+    """The endpoint's scope: an owner finds the tickets others (or nobody:
+    a system ticket) submitted to the endpoints they own; the submitter only
+    their own."""
+    monkeypatch.setattr(search, "WINDOW", window)
+    stranger = django_user_model.objects.create_user("stranger")
+    by_stranger = admit_ticket(
+        endpoint=finished.endpoint.address, input={"order": 5}, submitter=stranger
+    ).ticket
+    by_nobody = admit_ticket(endpoint=finished.endpoint.address, input={"order": 5}).ticket
+    by_submitter = finished({"order": 5})
+    everyone = [by_submitter.id, by_nobody.id, by_stranger.id]
+    assert found(finished.owner, "input.order:5") == everyone
+    assert found(finished.owner, "input.order:5", endpoint_id=finished.endpoint.id) == everyone
+    assert found(finished.submitter, "input.order:5") == [by_submitter.id]
+    assert found(stranger, "input.order:5") == [by_stranger.id]
+    assert found(stranger, "input.order:5", endpoint_id=finished.endpoint.id) == [by_stranger.id]
+
+
+@pytest.mark.django_db
+def test_the_scoped_document_matches_exactly_what_the_columns_do(finished):
+    """``claimcheck_search_document`` (tickets migration 0005) puts the
+    ticket's own input and result under its scopes: a term holds in a scope
+    exactly when it holds in the column (numbers by value, no reaching into
+    arrays, a missing result matching nothing)."""
+    a = finished({"n": 42.0, "s": "42", "deep": {"x": {"y": None}}, "tags": ["t"], "b": False})
+    terms = [
+        "input.n:42",
+        'input.s:"42"',
+        "input.s:42",
+        "input.deep.x.y:null",
+        "input.tags:t",
+        "input.b:false",
+        "result.echo.n:42.00",
+        "result.n:42",
+        "input.missing:1",
+    ]
+    scope = f"s{finished.submitter.id}"
+    for text in terms:
+        (term,) = search.parse_terms(text)
+        plain = Ticket.objects.filter(id=a.id).filter(term.q()).exists()
+        scoped = Ticket.objects.filter(id=a.id).filter(term.scoped_q(scope)).exists()
+        other = Ticket.objects.filter(id=a.id).filter(term.scoped_q("s0")).exists()
+        assert plain == scoped and not other, text
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT claimcheck_search_document(7, 3, '{\"a\": 1}'::jsonb, NULL)"
+            ' = \'{"e3": {"input": {"a": 1}, "result": null},'
+            ' "s7": {"input": {"a": 1}, "result": null}}\'::jsonb'
+        )
+        assert cur.fetchone()[0]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("who", ["submitter", "owner"])
+def test_a_callers_older_matches_come_from_the_scoped_index(finished, monkeypatch, who):
+    """Step 2's statement for a caller who is not staff reads the scoped
+    index and nothing else: the PostgreSQL function inlined in the query is
+    the index's expression (were they to drift apart, or the planner to AND
+    it with the submitter's own index, bench/console.py's "2 % of others'"
+    would cost half the ledger again)."""
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(search, "WINDOW", 1)
+    for _ in range(3):
+        finished({"customer": 42})
+    user = getattr(finished, who)
+    with CaptureQueriesContext(connection) as queries:
+        assert len(found(user, "input.customer:42 result.echo.customer:42")) == 3
+    (sql,) = [q["sql"] for q in queries.captured_queries if "ANY(ARRAY(" in q["sql"]]
+    plan = _plan(sql).splitlines()
+    # The ARRAY subquery is the plan's InitPlan: the lines indented below it
+    # (the probe that uses its ids is the tiny test table's planner's call).
+    start = next(i for i, line in enumerate(plan) if "InitPlan" in line)
+    depth = len(plan[start]) - len(plan[start].lstrip())
+    inner = "\n".join(line for line in plan[start + 1 :] if len(line) - len(line.lstrip()) > depth)
+    assert "ticket_search_scoped_idx" in inner, "\n".join(plan)
+    for other in ("ticket_submitter_id_idx", "ticket_input_search_idx", "ticket_result_search_idx"):
+        assert other not in inner, "\n".join(plan)
