@@ -10,7 +10,10 @@ string (``input.customer:acme``).
 
 A term is the containment ``input @> '{"customer": 42}'``, which the GIN
 ``jsonb_path_ops`` indexes ``ticket_input_search_idx`` and
-``ticket_result_search_idx`` serve. Containment walks objects only: a path
+``ticket_result_search_idx`` serve for staff; for anyone else (and for an
+endpoint filter) ``ticket_search_scoped_idx`` serves it among the tickets
+the caller may see (``within``: the same document under the ticket's
+submitter's and its endpoint's name). Containment walks objects only: a path
 does not reach into an array's elements, and a value matches the value at
 its path exactly (``42`` matches ``42`` and ``42.0``, not ``"42"``).
 Only what the ticket row holds is searched: a result stored as an artifact
