@@ -51,7 +51,7 @@ def search_scopes(user, endpoint_id: int | None = None) -> list[str] | None:
     Only an index's bound: the list's own filters still decide."""
     if user is None or not user.is_authenticated:
         return []
-    owned = endpoint_directory().owned_ids(user)
+    owned = owned_endpoint_ids(user)
     if endpoint_id is not None and (owned is None or endpoint_id in owned):
         return [search.endpoint_scope(endpoint_id)]
     if owned is None:
