@@ -13,8 +13,12 @@ DECLARE
     t tickets_ticket;
     l runtime_endpointlock;
     u runtime_turn;
-    e endpoints_endpoint;
+    v_budget_s double precision;
+    v_grace_s double precision;
     v_now timestamptz;
+    v_stop_evidence jsonb;
+    v_updated integer;
+    v_rows record;
     v_actor text := 'turn:' || p_seq || ':' || p_source;
     v_timing jsonb := '{}';
     v_returned_by timestamptz;
@@ -39,16 +43,28 @@ DECLARE
     v_next uuid;
 BEGIN
     -- 1. Lock ticket, lock row, turn, in that order (every path that takes
-    --    more than one of them takes them so).
-    SELECT * INTO t FROM tickets_ticket WHERE id = p_ticket FOR UPDATE;
-    SELECT * INTO l FROM runtime_endpointlock WHERE endpoint_id = p_endpoint FOR UPDATE;
-    SELECT * INTO u FROM runtime_turn WHERE id = p_turn FOR UPDATE;
+    --    more than one of them takes them so), in one statement: a locking
+    --    clause locks the rows of each result row in the order of its OF
+    --    list, and re-reads the latest version of a row it waited for.
+    --    Every endpoint has its lock row: none found is a missing turn.
+    SELECT tt AS t, ll AS l, uu AS u INTO v_rows
+    FROM tickets_ticket tt, runtime_endpointlock ll, runtime_turn uu
+    WHERE tt.id = p_ticket AND ll.endpoint_id = p_endpoint AND uu.id = p_turn
+    FOR UPDATE OF tt, ll, uu;
+    IF FOUND THEN
+        t := v_rows.t; l := v_rows.l; u := v_rows.u;
+    END IF;
     IF t.id IS NULL OR u.id IS NULL OR u.ticket_id <> p_ticket OR u.endpoint_id <> p_endpoint THEN
-        RETURN QUERY SELECT 'missing', NULL::text, NULL::text, NULL::uuid, NULL::uuid, false,
-            format('turn %s of ticket %s does not exist', p_turn, p_ticket);
+        o_status := 'missing'; o_due := false;
+        o_reason := format('turn %s of ticket %s does not exist', p_turn, p_ticket);
+        RETURN NEXT;
         RETURN;
     END IF;
-    SELECT * INTO e FROM endpoints_endpoint WHERE id = p_endpoint;
+    -- The endpoint's budget, read only when an interrupt or a stop needs it.
+    IF u.state = 'interrupting' OR p_kind = 'stopped' THEN
+        SELECT e.turn_budget_s, e.interrupt_grace_s INTO v_budget_s, v_grace_s
+        FROM endpoints_endpoint e WHERE e.id = p_endpoint;
+    END IF;
     v_now := clock_timestamp();
     IF p_ran_s IS NOT NULL AND p_ran_s >= 0 THEN
         v_returned_by := u.started_at + make_interval(secs => p_ran_s);
@@ -65,8 +81,9 @@ BEGIN
                 WHERE ev.ticket_id = p_ticket AND ev.turn_id = u.id
                   AND ev.detail->>'outcome_sha256' = p_digest) THEN
             -- This very outcome was recorded by an earlier attempt whose reply was lost.
-            RETURN QUERY SELECT 'duplicate', t.state::text, u.state::text, NULL::uuid, NULL::uuid,
-                false, ''::text;
+            o_status := 'duplicate'; o_state := t.state; o_turn_state := u.state;
+            o_due := false; o_reason := '';
+            RETURN NEXT;
             RETURN;
         END IF;
         v_reason := CASE
@@ -79,8 +96,9 @@ BEGIN
             jsonb_build_object('seq', p_seq, 'turn_state', u.state, 'outcome', p_kind)
                 || p_stale_detail || v_timing, v_now);
         PERFORM pg_notify('claimcheck_ticket', p_ticket::text);
-        RETURN QUERY SELECT 'stale', t.state::text, u.state::text, NULL::uuid, NULL::uuid, false,
-            v_reason;
+        o_status := 'stale'; o_state := t.state; o_turn_state := u.state;
+        o_due := false; o_reason := v_reason;
+        RETURN NEXT;
         RETURN;
     END IF;
 
@@ -88,7 +106,7 @@ BEGIN
     --    interrupt was requested, within budget + grace.
     IF u.state = 'interrupting' AND p_kind IN ('success', 'failure', 'wait')
             AND v_returned_by IS NOT NULL AND u.interrupt_requested_at IS NOT NULL
-            AND p_ran_s <= e.turn_budget_s + e.interrupt_grace_s
+            AND p_ran_s <= v_budget_s + v_grace_s
             AND v_returned_by < u.interrupt_requested_at THEN
         v_late := true;
         v_mark := v_mark || jsonb_build_object('late', v_timing || jsonb_build_object(
@@ -102,11 +120,9 @@ BEGIN
         v_evidence := COALESCE(p_evidence, jsonb_build_object('kind', 'runner_returned',
             'detail', jsonb_build_object('returned', p_kind, 'after_interrupt', true) || v_timing));
         v_turn_state := 'stopped';
-        UPDATE runtime_turn SET state = 'stopped', ended_at = v_now,
-            stop_evidence = v_evidence || jsonb_build_object(
-                'observed_at', to_char(v_now AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
-                'seq', u.seq)
-        WHERE id = u.id;
+        v_stop_evidence := v_evidence || jsonb_build_object(
+            'observed_at', to_char(v_now AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+            'seq', u.seq);
         IF t.cancel_requested_at IS NOT NULL THEN
             v_to := 'cancelled';
             v_error := '{"code": "cancelled", "detail": "cancelled"}';
@@ -123,7 +139,7 @@ BEGIN
                     CASE WHEN jsonb_array_length(v_signals) > 0
                          THEN ' by ' || (SELECT string_agg(s, ', ') FROM jsonb_array_elements_text(v_signals) s)
                          ELSE '' END),
-                'budget_s', e.turn_budget_s);
+                'budget_s', v_budget_s);
             IF jsonb_array_length(v_signals) > 0 THEN
                 v_error := v_error || jsonb_build_object('signals', v_signals);
             END IF;
@@ -133,7 +149,8 @@ BEGIN
         -- discarded_result check reads.
         v_detail := jsonb_build_object('evidence', v_evidence, 'outcome', p_kind) || v_timing || v_mark;
     ELSE
-        -- 4. The outcome applied: the turn ends, its context entry is appended.
+        -- 4. The outcome applied: the turn ends, its context entry is
+        --    appended (below, in the statement that writes the rest).
         IF p_kind = 'wait' THEN
             v_turn_state := 'completed'; v_to := 'waiting'; v_kind := 'waiting_for_children';
             v_context := jsonb_build_object('waiting_for', p_children);
@@ -148,11 +165,6 @@ BEGIN
             v_context := jsonb_build_object('error', p_error);
             v_detail := v_mark;
         END IF;
-        UPDATE runtime_turn SET state = v_turn_state, ended_at = v_now WHERE id = u.id;
-        INSERT INTO runtime_contextentry (
-            endpoint_id, turn_id, ticket_id, seq, input, result, artifacts, created_at)
-        VALUES (p_endpoint, u.id, t.id, u.seq, t.input, v_context,
-            CASE WHEN p_kind = 'success' THEN v_artifacts ELSE '[]'::jsonb END, v_now);
     END IF;
 
     -- The ticket's transition, running -> v_to, with its event; a terminal
@@ -167,30 +179,58 @@ BEGIN
             v_detail := v_detail || jsonb_build_object('delivery_opened', v_opened_json);
         END IF;
     END IF;
-    UPDATE tickets_ticket SET
-        state = v_to, updated_at = v_now,
-        version = version + CASE WHEN v_opened_json IS NULL THEN 1 ELSE 2 END,
-        finished_at = CASE WHEN v_to = 'waiting' THEN finished_at ELSE v_now END,
-        result = CASE WHEN v_to = 'succeeded' THEN v_result ELSE result END,
-        artifacts = CASE WHEN v_to = 'succeeded' THEN v_artifacts ELSE artifacts END,
-        error = CASE WHEN v_to IN ('failed', 'cancelled') THEN v_error ELSE error END,
-        delivery_state = COALESCE(v_del_state, delivery_state)
-    WHERE id = t.id AND state = 'running';
-    IF NOT FOUND THEN  -- the row is locked and was checked above: a miss is a bug
+    -- One statement writes the rest: the turn ends (with its stop evidence,
+    -- or its context entry), the ticket's transition and its event, whose
+    -- row wakes the ticket's watchers (tickets/waits.py) at commit, and this
+    -- worker's registry slot idle (a turn run outside a worker has none).
+    -- The ticket row is locked and was checked above: a miss is a bug.
+    WITH tn AS (
+        UPDATE runtime_turn SET state = v_turn_state, ended_at = v_now,
+            stop_evidence = COALESCE(v_stop_evidence, stop_evidence)
+        WHERE id = u.id
+    ),
+    ce AS (
+        INSERT INTO runtime_contextentry (
+            endpoint_id, turn_id, ticket_id, seq, input, result, artifacts, created_at)
+        SELECT p_endpoint, u.id, t.id, u.seq, t.input, v_context,
+            CASE WHEN p_kind = 'success' THEN v_artifacts ELSE '[]'::jsonb END, v_now
+        WHERE v_turn_state <> 'stopped'
+    ),
+    tu AS (
+        UPDATE tickets_ticket SET
+            state = v_to, updated_at = v_now,
+            version = version + CASE WHEN v_opened_json IS NULL THEN 1 ELSE 2 END,
+            finished_at = CASE WHEN v_to = 'waiting' THEN finished_at ELSE v_now END,
+            result = CASE WHEN v_to = 'succeeded' THEN v_result ELSE result END,
+            artifacts = CASE WHEN v_to = 'succeeded' THEN v_artifacts ELSE artifacts END,
+            error = CASE WHEN v_to IN ('failed', 'cancelled') THEN v_error ELSE error END,
+            delivery_state = COALESCE(v_del_state, delivery_state)
+        WHERE id = t.id AND state = 'running'
+        RETURNING id
+    ),
+    ev AS (
+        INSERT INTO tickets_ticketevent (
+            ticket_id, kind, from_state, to_state, actor, turn_id, detail, at)
+        SELECT tu.id, v_kind, 'running', v_to, v_actor, u.id, v_detail, v_now FROM tu
+        RETURNING pg_notify('claimcheck_ticket', ticket_id::text)
+    ),
+    sl AS (
+        INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)
+        SELECT w.id, p_pid, NULL, v_now, v_now FROM runtime_worker w
+        WHERE p_node <> '' AND w.name = p_node
+        ON CONFLICT (worker_id, pid) DO UPDATE
+        SET turn_id = EXCLUDED.turn_id, since = EXCLUDED.since, updated_at = EXCLUDED.updated_at
+    )
+    SELECT count(*) INTO v_updated FROM tu;
+    IF v_updated = 0 THEN
         RAISE EXCEPTION 'ticket % is no longer running', t.id;
     END IF;
-    INSERT INTO tickets_ticketevent (ticket_id, kind, from_state, to_state, actor, turn_id, detail, at)
-    VALUES (t.id, v_kind, 'running', v_to, v_actor, u.id, v_detail, v_now);
-    PERFORM pg_notify('claimcheck_ticket', t.id::text);
 
-    -- 5. Release the lock; the endpoint's next ticket, and this worker's registry slot idle.
+    -- 5. Release the lock: the endpoint's next ticket.
     v_next := claimcheck_release_lock(p_endpoint, u.id);
-    INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)
-    SELECT w.id, p_pid, NULL, v_now, v_now FROM runtime_worker w WHERE w.name = p_node
-    ON CONFLICT (worker_id, pid) DO UPDATE
-    SET turn_id = EXCLUDED.turn_id, since = EXCLUDED.since, updated_at = EXCLUDED.updated_at;
 
-    RETURN QUERY SELECT 'finished', v_to, v_turn_state, v_next, v_del_id,
-        COALESCE(v_del_due, false), ''::text;
+    o_status := 'finished'; o_state := v_to; o_turn_state := v_turn_state; o_next := v_next;
+    o_delivery := v_del_id; o_due := COALESCE(v_del_due, false); o_reason := '';
+    RETURN NEXT;
 END
 $fn$;
