@@ -90,6 +90,37 @@ def run_wrk(url: str, route: str, conns: int, seconds: float, key: str, prefix: 
     return out
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes (``/proc/<pid>/stat``); one that
+    has gone counts nothing."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
+def worker_pids(master: int) -> list[int]:
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    return [int(pid) for pid in children]
+
+
+def backend_pids(conn) -> list[int]:
+    """The PostgreSQL backends serving the gunicorn workers (every client
+    backend on the bench database but this script's own)."""
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    ).fetchall()
+    return [pid for (pid,) in rows]
+
+
 def rows_written(conn, route: str, prefix: str) -> int:
     if route == "tickets":
         sql = "SELECT count(*) FROM tickets_ticket WHERE dedupe_key LIKE %s"
@@ -100,15 +131,14 @@ def rows_written(conn, route: str, prefix: str) -> int:
 
 def profile_routes(api_key: str, count: int) -> None:
     """The routes in this process through Django's test Client (the same
-    settings and URLconf, no network): time per request, statements per
-    request, and a cProfile of the ticket route."""
-    import cProfile
-    import io
-    import pstats
-
+    settings, URLconf and middleware, no network, no gunicorn): time and
+    statements per request, then each route under a CPU-time sampler
+    (bench/http_profile.py) and its CPU by part of the request."""
     from django.db import connection
     from django.test import Client
     from django.test.utils import override_settings
+
+    from bench import http_profile
 
     body = '{"endpoint":"%s","dedupe_key":"%s","input":{"key":"%s","text":"benchmark admission"}}'
     with override_settings(ROOT_URLCONF="bench.http_urls"):
@@ -125,28 +155,80 @@ def profile_routes(api_key: str, count: int) -> None:
             for i in range(20):
                 post(route, -1 - i)  # warm
             # Counted by an execute wrapper: the request resets Django's
-            # query log, and admission's prepared statement bypasses it.
+            # query log.
             statements: list[str] = []
             with connection.execute_wrapper(
                 lambda execute, sql, *a, seen=statements: seen.append(sql) or execute(sql, *a)
             ):
                 post(route, 10**6)
             started = time.perf_counter()
+            cpu = time.process_time()
             for i in range(count):
                 post(route, i)
             ms = (time.perf_counter() - started) / count * 1e3
+            cpu_ms = (time.process_time() - cpu) / count * 1e3
             print(
-                f"  in process: {route:<10} {ms:6.2f} ms per request, "
-                f"{len(statements)} statements through Django's cursor"
-                + (" (+ admission's prepared statement)" if route == "tickets" else "")
+                f"  in process: {route:<10} {ms:6.2f} ms per request ({cpu_ms:.2f} ms CPU), "
+                f"{len(statements)} statements"
             )
-        prof = cProfile.Profile()
-        prof.runcall(lambda: [post("tickets", 2 * 10**6 + i) for i in range(count)])
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
-        print(f"--- cProfile: {count} POST /api/v1/tickets in process ---")
-        print(out.getvalue())
+        for route in ROUTES:
+            cpu = time.process_time()
+            with http_profile.CpuSampler() as sampler:
+                for i in range(count):
+                    post(route, 2 * 10**6 + i)
+            cpu_ms = (time.process_time() - cpu) / count * 1e3
+            raw = sampler.raw()
+            # The server's part of the CPU: the samples inside its handler.
+            server_ms = cpu_ms * http_profile.in_request_share(raw, IN_PROCESS)
+            print(f"--- CPU by part: {count} POST {ROUTES[route]} in process ---")
+            print(
+                http_profile.report(
+                    raw,
+                    requests=count,
+                    rate=sampler.rate,
+                    start_frame=IN_PROCESS,
+                    ms_per_request=server_ms,
+                )
+            )
     benchlib.flush_broker()
+
+
+# The test Client's handler: what it does before (building the request) is
+# the client's, not the server's.
+IN_PROCESS = "ClientHandler.__call__ "
+SPY_RATE = 200
+
+
+def spy_routes(url: str, pid: int, api_key: str, seconds: float, log_dir: Path, keep: bool):
+    """Each route for ``seconds`` at 8 connections while ``py-spy record``
+    samples every gunicorn worker (``--nonblocking``: the workers are never
+    paused), then where the workers' time went by part of the request
+    (bench/http_profile.py)."""
+    from bench import http_profile
+
+    spy = http_profile.py_spy_binary()
+    for route in ROUTES:
+        out = log_dir / f"py-spy-{route}.txt"
+        recorder = subprocess.Popen(
+            [spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
+             "--format", "raw", "--rate", str(SPY_RATE), "--duration", f"{seconds + 2:g}",
+             "--output", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        # Its first line says it is sampling (or why it cannot).
+        first = recorder.stderr.readline().decode()
+        if "Sampling" not in first:
+            recorder.kill()
+            raise RuntimeError(f"py-spy did not start: {first}{recorder.stderr.read().decode()}")
+        got = run_wrk(url, route, 8, seconds, api_key, f"spy-{route}")
+        _, err = recorder.communicate(timeout=seconds + 60)
+        if recorder.returncode != 0:
+            raise RuntimeError(f"py-spy failed: {err.decode()[-2000:]}")
+        print(f"--- py-spy: {route}, {got['per_s']:.0f} req/s at 8 connections ---")
+        print(http_profile.report(out.read_text(), requests=got["requests"], rate=SPY_RATE))
+        if keep:
+            print(f"  (collapsed stacks: {out})")
 
 
 def main() -> None:
@@ -158,6 +240,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the database and the log")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then N requests per route in process, and a cProfile")  # fmt: skip
+    parser.add_argument("--py-spy", type=float, default=0.0, metavar="S",
+                        help="then S seconds of each route at 8 connections under py-spy record "
+                        "(every gunicorn worker), and where the workers' CPU goes")  # fmt: skip
     args = parser.parse_args()
     seconds = max(1.0, min(args.duration, 60.0))
     reps = max(1, min(args.reps, 5))
@@ -226,7 +311,15 @@ def main() -> None:
             for conns in conn_counts:
                 for route in ROUTES:
                     prefix = f"r{rep}-c{conns}-{route}"
+                    # CPU per request, the web workers' and their database
+                    # backends': what the code costs, whatever the load.
+                    workers_now, backends_now = worker_pids(server.proc.pid), backend_pids(db)
+                    cpu_before = cpu_seconds(workers_now), cpu_seconds(backends_now)
                     got = run_wrk(url, route, conns, seconds, api_key, prefix)
+                    backends_now = sorted(set(backends_now) | set(backend_pids(db)))
+                    cpu_after = cpu_seconds(workers_now), cpu_seconds(backends_now)
+                    got["worker_cpu_ms"] = (cpu_after[0] - cpu_before[0]) / got["requests"] * 1e3
+                    got["backend_cpu_ms"] = (cpu_after[1] - cpu_before[1]) / got["requests"] * 1e3
                     written = rows_written(db, route, prefix)
                     # Requests in flight when wrk stopped or gave up (its
                     # timeout) may still be written after it counted.
@@ -238,10 +331,14 @@ def main() -> None:
                     print(
                         f"  rep {rep + 1}/{reps} c={conns:<3} {route:<10} "
                         f"{got['per_s']:7.0f}/s  p50 {got['p50_us'] / 1e3:6.1f} ms  "
-                        f"p99 {got['p99_us'] / 1e3:6.1f} ms  errors {got['errors']}",
+                        f"p99 {got['p99_us'] / 1e3:6.1f} ms  "
+                        f"CPU/req worker {got['worker_cpu_ms']:.2f} ms "
+                        f"db {got['backend_cpu_ms']:.2f} ms  errors {got['errors']}",
                         flush=True,
                     )
                 benchlib.flush_broker()
+        if args.py_spy:
+            spy_routes(url, server.proc.pid, api_key, min(args.py_spy, 60.0), log_dir, args.keep)
         server.stop()
         if args.profile:
             profile_routes(api_key, min(args.profile, 5000))
@@ -275,12 +372,15 @@ def main() -> None:
                 "p99_ms": round(med(route, conns, "p99_us") / 1e3, 2),
                 "errors": errors,
                 "ratio_to_floor": round(rps / floor_rps, 3),
+                "worker_cpu_ms": round(med(route, conns, "worker_cpu_ms"), 3),
+                "backend_cpu_ms": round(med(route, conns, "backend_cpu_ms"), 3),
             }
             summary[f"{route}_c{conns}"] = figures
             print(
                 f"  c={conns:<3} {route:<10} {rps:7.0f} req/s  p50 {figures['p50_ms']:6.1f} ms  "
                 f"p99 {figures['p99_ms']:6.1f} ms  errors {errors} (all reps)  "
-                f"ratio to floor {figures['ratio_to_floor']:.2f}"
+                f"ratio to floor {figures['ratio_to_floor']:.2f}  CPU/req worker "
+                f"{figures['worker_cpu_ms']:.2f} ms, db {figures['backend_cpu_ms']:.2f} ms"
             )
     print(json.dumps(summary, separators=(",", ":")))
     if args.keep:
