@@ -31,6 +31,34 @@ def test_new_ticket_is_queued_with_an_admitted_event(api, make_endpoint):
     assert events == [("admitted", "queued")]
 
 
+def test_an_admission_answers_what_ticket_out_would_render(api, make_endpoint):
+    """The route renders its answer without validating it through TicketOut
+    (tickets/api.py ``rendered``): the body must be what that validation
+    would have rendered, for a new ticket with every optional part, its
+    duplicate and the ticket read back, and carry ninja's content type."""
+    from tickets.schemas import TicketOut
+
+    make_endpoint("alpha")
+    make_endpoint("beta")
+    payload = {
+        "endpoint": "alpha",
+        "input": {"z": [1, 2.5, None], "a": {"b": "ü"}},
+        "dedupe_key": "shape",
+        "trace_id": "my-trace",
+        "return_to": {"endpoint": "beta", "continuation": {"step": 2}},
+        "requester": {"name": "n", "metadata": {"k": "v"}},
+    }
+    new = api.post("/tickets", payload)
+    again = api.post("/tickets", payload)
+    assert (new.status_code, again.status_code) == (201, 200), new.content
+    read = api.get(f"/tickets/{new.json()['id']}")
+    for resp in (new, again):
+        body = resp.json()
+        assert resp["Content-Type"] == read["Content-Type"]
+        assert TicketOut.model_validate(body).model_dump(mode="json") == body
+        assert body == {**read.json(), "duplicate": resp is again}
+
+
 def test_duplicate_key_returns_existing_ticket(api, make_endpoint):
     make_endpoint("alpha")
     first = api.post("/tickets", {"endpoint": "alpha", "input": {"q": 1}, "dedupe_key": "k"})
