@@ -101,6 +101,14 @@ def test_a_cached_key_costs_no_query_and_gives_a_fresh_user(
     assert second is not first and second.pk == first.pk and second.username == "alice"
     assert not hasattr(second, "_claimcheck_owned_endpoints")
     assert second.is_authenticated and second.is_active
+    # Built without __init__: still the row, field for field, as the ORM
+    # loads it (saved, on its database), the password deferred until asked.
+    row = type(second).objects.get(pk=second.pk)
+    fields = [f.attname for f in row._meta.concrete_fields if f.name != "password"]
+    assert [getattr(second, f) for f in fields] == [getattr(row, f) for f in fields]
+    assert second._state.adding is False and second._state.db == "default"
+    assert second.get_deferred_fields() == {"password"}
+    assert second.password == row.password
 
 
 def test_the_cache_is_bounded_least_recently_used_first(api, clock, settings):
