@@ -121,7 +121,13 @@ DATABASES = {
     ),
 }
 DATABASES["default"].setdefault("CONN_MAX_AGE", DB_CONN_MAX_AGE)
+# A kept connection is checked before a request's first query; the check
+# reads its socket and asks the server (SELECT 1) only when something is
+# waiting there or it is not idle: no round trip on a healthy connection
+# (core/postgresql/base.py).
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["ENGINE"] = "core.postgresql"
 # Django's own psycopg pool, for a web tier without PgBouncer: a gthread
 # process's threads share DATABASE_POOL_MAX connections instead of
 # holding one each, and a thread that finds none free waits up to

@@ -468,7 +468,9 @@ def test_an_admission_on_a_connection_a_database_restart_broke_reconnects(api, m
     params.update(user="postgres", dbname=params.get("dbname"))
     params.pop("password", None)
     with psycopg.connect(**params, autocommit=True) as admin:  # what a restart does
-        assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+        # Returning once the backend has exited, as a restart is over before
+        # the next request (the health check reads what it left on the socket).
+        assert admin.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone()[0]
     # What the request_started signal does under a real server (Django's test
     # client disconnects it): it arms the health check for the next query.
     connection.close_if_unusable_or_obsolete()
