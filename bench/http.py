@@ -216,11 +216,8 @@ def spy_routes(url: str, pid: int, api_key: str, seconds: float, log_dir: Path, 
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )  # fmt: skip
-        # Its first line says it is sampling (or why it cannot).
-        first = recorder.stderr.readline().decode()
-        if "Sampling" not in first:
-            recorder.kill()
-            raise RuntimeError(f"py-spy did not start: {first}{recorder.stderr.read().decode()}")
+        # py-spy attaches within a fraction of a second: the first requests
+        # may go unsampled, which changes no proportion.
         got = run_wrk(url, route, 8, seconds, api_key, f"spy-{route}")
         _, err = recorder.communicate(timeout=seconds + 60)
         if recorder.returncode != 0:
@@ -338,7 +335,12 @@ def main() -> None:
                     )
                 benchlib.flush_broker()
         if args.py_spy:
-            spy_routes(url, server.proc.pid, api_key, min(args.py_spy, 60.0), log_dir, args.keep)
+            try:
+                spy_routes(
+                    url, server.proc.pid, api_key, min(args.py_spy, 60.0), log_dir, args.keep
+                )
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                print(f"py-spy: no profile ({exc})", file=sys.stderr)
         server.stop()
         if args.profile:
             profile_routes(api_key, min(args.profile, 5000))
