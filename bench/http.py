@@ -93,17 +93,24 @@ def run_wrk(url: str, route: str, conns: int, seconds: float, key: str, prefix: 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU of these processes (``/proc/<pid>/stat``); one that
-    has gone counts nothing."""
-    total = 0
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU of each of these processes still alive
+    (``/proc/<pid>/stat``)."""
+    seconds = {}
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except FileNotFoundError:
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / CLK_TCK
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return seconds
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU used between two readings: by the processes alive at the second
+    (one that started in between counts from zero; one that exited in
+    between is lost, not subtracted)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def worker_pids(master: int) -> list[int]:
@@ -315,8 +322,9 @@ def main() -> None:
                     got = run_wrk(url, route, conns, seconds, api_key, prefix)
                     backends_now = sorted(set(backends_now) | set(backend_pids(db)))
                     cpu_after = cpu_seconds(workers_now), cpu_seconds(backends_now)
-                    got["worker_cpu_ms"] = (cpu_after[0] - cpu_before[0]) / got["requests"] * 1e3
-                    got["backend_cpu_ms"] = (cpu_after[1] - cpu_before[1]) / got["requests"] * 1e3
+                    for i, name in enumerate(("worker_cpu_ms", "backend_cpu_ms")):
+                        used = cpu_used(cpu_before[i], cpu_after[i])
+                        got[name] = used / max(1, got["requests"]) * 1e3
                     written = rows_written(db, route, prefix)
                     # Requests in flight when wrk stopped or gave up (its
                     # timeout) may still be written after it counted.

@@ -70,6 +70,8 @@ PARTS: list[tuple[str, str, str]] = [
 _DB = re.compile(r"^(psycopg|psycopg_c|django/db/backends/)")
 _SERVER = "gunicorn: HTTP parse and socket writes"
 _HANDLER = "Django: request, response, handler"
+_PARSING = "ninja: routing, body parsing and validation"
+_RENDERING = "ninja: response rendering"
 _HEALTH = "PostgreSQL: the health check (CONN_HEALTH_CHECKS)"
 _HEALTH_CHECK = re.compile(r"^\S*is_usable \(django/db/backends/")
 _COMPILED = [(part, re.compile(f), re.compile(fn)) for part, f, fn in PARTS]
@@ -131,6 +133,9 @@ def attribute(text: str, start_frame: str = _IN_REQUEST) -> Counter:
             # Django's request and response plumbing is the handler's part
             # only outside every other part: called from a middleware or a
             # route (a cookie signer, a header lookup), it is theirs.
+            # Likewise pydantic under ninja's rendering is the rendering's.
+            if named == _PARSING and part == _RENDERING:
+                continue
             if named is not None and (named != _HANDLER or part in (_SERVER, _HANDLER)):
                 part = named
         parts[part] += int(count)
