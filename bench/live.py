@@ -1,6 +1,6 @@
 """What does an idle console page cost when its live regions watch instead
 of polling, and how soon does it show a change? (Issue 12: the console's
-live regions wake on a notification; console/live.py.)
+live regions wake on a notification; console/views/live.py.)
 
     .venv/bin/python bench/live.py [-n 30] [--tickets 2000] [--reps 20]
 

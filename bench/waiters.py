@@ -9,7 +9,7 @@ other requests nothing).
     .venv/bin/python bench/waiters.py --console-tabs 100 --threads 4 -w 5
 
 ``--console-tabs N``: the waiters are N console pages' live-region watches
-(``GET /live/``, a staff user's session; console/live.py) instead, on the
+(``GET /live/``, a staff user's session; console/views/live.py) instead, on the
 production process model (``deploy/gunicorn.conf.py``: 2 x cores + 1
 processes of 4 threads): each process holds at most ``CONSOLE_LIVE_SLOTS``
 (2) of them, and the rest are answered at once ("live": false: those pages

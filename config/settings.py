@@ -337,7 +337,7 @@ API_MAX_BODY_BYTES = env.int(
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(2_621_440, API_MAX_BODY_BYTES)
 # Longest wait_s an admission may ask for.
 ADMISSION_MAX_WAIT_S = env.float("ADMISSION_MAX_WAIT_S", default=60.0)
-# The console's live regions (console/live.py): how long one watch waits for
+# The console's live regions (console/views/live.py): how long one watch waits for
 # a ticket event before it answers "nothing changed" (under proxies' idle
 # timeouts and gunicorn's), and how many watches one web process holds at
 # once (each holds a thread, no database session): the rest of its threads

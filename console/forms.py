@@ -5,10 +5,12 @@ recovery service's decision, not the form's."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from django import forms
 
 from core import limits
+from core.errors import Invalid
 from recovery.models import DecisionAction
 
 
@@ -208,3 +210,39 @@ class RollbackForm(forms.Form):
     to_generation = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
     generation = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
     reason = forms.CharField(max_length=limits.NOTE_CHARS)
+
+
+def utc_param(raw: str, name: str) -> datetime | None:
+    """A time field typed as UTC (``YYYY-MM-DD HH:MM[:SS]``, a ``T`` or a
+    trailing ``Z`` accepted); a naive value is UTC, never local time."""
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise Invalid(
+            f"{name}: {raw!r} is not a date and time (UTC, like 2026-11-30 14:05)"
+        ) from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def retry_changes(post) -> tuple[dict | None, int | None]:
+    """The optional input and budget a retry form gives: blank means keep
+    the ticket's input and the endpoint's budget. Invalid on bad JSON."""
+    raw_input = post.get("input", "").strip()
+    raw_budget = post.get("budget_s", "").strip()
+    new_input = None
+    if raw_input:
+        try:
+            new_input = json.loads(raw_input)
+        except ValueError as exc:
+            raise Invalid(f"the input is not JSON: {exc}") from None
+        if not isinstance(new_input, dict):
+            raise Invalid("the input must be a JSON object")
+    budget = None
+    if raw_budget:
+        try:
+            budget = int(raw_budget)
+        except ValueError:
+            raise Invalid("the budget is a whole number of seconds") from None
+    return new_input, budget

@@ -233,3 +233,15 @@ def proposals_from_lesson(lesson_id: Any) -> list[ChangeProposal]:
         .select_related("endpoint", "proposer", "review__reviewer")
         .order_by("created_at")
     )
+
+
+def proposals_from_lessons(lesson_ids: list[Any]) -> dict[str, list[ChangeProposal]]:
+    """The proposals made from each of ``lesson_ids`` (by lesson id as a
+    string, oldest first), in one query for a page of lessons."""
+    by_lesson: dict[str, list[ChangeProposal]] = {}
+    rows = ChangeProposal.objects.filter(
+        origin__lesson__in=[str(lesson_id) for lesson_id in lesson_ids]
+    ).select_related("endpoint", "proposer", "review__reviewer")
+    for proposal in rows.order_by("created_at"):
+        by_lesson.setdefault(proposal.origin["lesson"], []).append(proposal)
+    return by_lesson

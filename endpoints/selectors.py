@@ -13,7 +13,7 @@ from django.db.models import Q
 from core.errors import NotFound
 from core.times import iso
 
-from .models import Endpoint, EndpointAlias
+from .models import Endpoint, EndpointAlias, EndpointEvent
 
 
 def resolve_endpoint(address: str) -> Endpoint:
@@ -116,6 +116,19 @@ def pause_payload(endpoint: Endpoint, *, full: bool) -> dict[str, Any] | None:
         "by": endpoint.pause_actor,
         "reason": endpoint.pause_reason,
     }
+
+
+def pause_events(endpoint: Endpoint, *, user, limit: int = 5) -> list[EndpointEvent]:
+    """The endpoint's newest pauses and resumes (who, when, why): to its
+    owners and staff, as the reasons are (``sees_configuration``); to anyone
+    else none."""
+    if not sees_configuration(user, endpoint):
+        return []
+    return list(
+        EndpointEvent.objects.filter(endpoint=endpoint, kind__in=["paused", "resumed"]).order_by(
+            "-id"
+        )[:limit]
+    )
 
 
 def quarantine_case(endpoint_id: int) -> uuid.UUID | None:

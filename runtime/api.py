@@ -41,7 +41,7 @@ from .schemas import (
     WorkerConsumingOut,
     WorkersOut,
 )
-from .selectors import endpoint_payload, turn_for_token, workers_overview
+from .selectors import endpoint_payload, sees_workers, turn_for_token, workers_overview
 
 endpoints_router = Router(tags=["endpoints"])
 turns_router = Router(tags=["turns"])
@@ -335,7 +335,7 @@ workers_router = Router(tags=["workers"])
 
 @workers_router.get("", response=WorkersOut)
 def list_workers(request: HttpRequest):
-    if not request.user.is_staff:
+    if not sees_workers(request.user):
         raise Forbidden("only staff may see the workers")
     return workers_overview()
 

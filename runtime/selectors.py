@@ -23,6 +23,7 @@ from endpoints.selectors import (
     submitters_payload,
 )
 from tickets.models import Ticket, TicketState
+from tickets.selectors import visible_tickets
 
 from .models import TURN_ACTIVE_STATES, EndpointLock, Turn, TurnState, Worker, WorkerSlot
 
@@ -106,6 +107,22 @@ def _endpoint_payload(endpoint: Endpoint, *, full: bool) -> dict[str, Any]:
         "open_case": str(case) if case else None,
         "paused": pause_payload(endpoint, full=full),
     }
+
+
+def visible_turns(endpoint: Endpoint, *, user, limit: int = 20) -> list[Turn]:
+    """The endpoint's newest turns, each with its ticket: every one to its
+    owners and staff, to anyone else those whose tickets they may see.
+    turn_seq_unique (endpoint, seq) serves the newest-first read."""
+    turns = Turn.objects.filter(endpoint_id=endpoint.id)
+    if not sees_configuration(user, endpoint):
+        turns = turns.filter(ticket__in=visible_tickets(user))
+    return list(turns.select_related("ticket").order_by("-seq")[:limit])
+
+
+def sees_workers(user) -> bool:
+    """May ``user`` see the worker registry? Staff only: it names hosts and
+    process ids."""
+    return bool(user is not None and user.is_authenticated and user.is_staff)
 
 
 def _slot_payload(slot: WorkerSlot, now) -> dict[str, Any]:

@@ -16,7 +16,7 @@ queries while it waits, and holds no database connection (it closes its
 own, outside a transaction).
 
 Two waits use it: ``wait_until_terminal`` (the API's ``wait_s``) and
-``wait_for_change`` (the console's live regions, console/live.py).
+``wait_for_change`` (the console's live regions, console/views/live.py).
 
 While the listener is down (a database restart), ``wait_s`` falls back to reading the ticket every
 0.5 s and ``wait_for_change`` answers at once (the console polls instead).

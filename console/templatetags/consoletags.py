@@ -150,7 +150,7 @@ LIVE_SAFETY_S = 60
 
 @register.simple_tag(takes_context=True)
 def live(context, period: int, ticket=None, min_s: int = 1) -> str:
-    """The attributes of a live region (console/live.py): it refreshes when
+    """The attributes of a live region (console/views/live.py): it refreshes when
     a watch says the ticket (or, without ``ticket``, the ledger) changed
     since ``live_token`` in the context, at most every ``min_s`` seconds;
     polls every ``period`` seconds where watching is unavailable; and

@@ -1,4 +1,4 @@
-"""The case page's "stop the process" panel (console/workers.py handles the
+"""The case page's "stop the process" panel (console/views/cases.py handles the
 POST): shown to the case's owners when the case is decided and a live worker
 slot still runs its turn, with the stops already recorded."""
 

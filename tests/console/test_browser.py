@@ -95,7 +95,7 @@ def release_live_watches() -> None:
     """A closed page's live-region watches still wait in the live server's
     threads (a server does not see a client leave), and keep the listener's
     session open: stopping the listener answers them without a read, so the
-    test database can be dropped (console/live.py)."""
+    test database can be dropped (console/views/live.py)."""
     from tickets import waits  # noqa: PLC0415
 
     waits.stop_listener()

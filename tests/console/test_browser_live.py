@@ -1,7 +1,7 @@
 """Live regions in a real browser wake on a notification (issue 12): with
 the timers at their production periods (a 60 s safety refresh; 5 s and 10 s
 only where watching is unavailable), a change shows within a second or two
-and an idle page makes no region request at all (console/live.py)."""
+and an idle page makes no region request at all (console/views/live.py)."""
 
 # ruff: noqa: F811 - the fixtures imported from test_browser are parameters here
 from __future__ import annotations

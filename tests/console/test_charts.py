@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from console import selectors
 from console.owners import create_owner
+from console.selectors import charts
 from recovery import services as recovery
 from runtime import turns as runtime
 from tickets.admission import admit_ticket
@@ -34,7 +34,7 @@ def test_the_dashboard_chart_has_a_range_a_legend_ticks_and_a_table(client, view
         assert chart.count('class="tick"') >= 5  # y ticks, time ticks, "now"
         table = chart[chart.index("<tbody>") : chart.index("</tbody>")]
         assert table.count("<tr>") == rows
-    data = selectors.last_hour(user=viewer, span="24h")
+    data = charts.last_hour(user=viewer, span="24h")
     assert (data["admitted"], data["finished"]) == (3, 3)
     # Any other value is the default range; the live region keeps the range.
     assert 'data-range="1h"' in client.get("/", {"range": "1y"}).content.decode()
@@ -79,7 +79,7 @@ def test_an_unresolved_turn_has_no_end_and_no_place_in_the_percentiles(client):
     )
     done = admit_ticket(endpoint="chart.stuck", input={"q": 1}).ticket
     runtime.run_ticket(ticket_id=done.id)
-    hour = selectors.endpoint_hour(case.endpoint)
+    hour = charts.endpoint_hour(case.endpoint)
     assert (hour["total"], hour["measured"]) == (2, 1)
     client.force_login(owner)
     page = client.get("/endpoints/chart.stuck/").content.decode()
@@ -90,7 +90,7 @@ def test_an_unresolved_turn_has_no_end_and_no_place_in_the_percentiles(client):
 
 
 def test_a_failed_tickets_obligation_does_not_say_its_result_is_ready(client):
-    from console.selectors import requester_lacks  # noqa: PLC0415
+    from console.selectors.obligations import requester_lacks  # noqa: PLC0415
     from endpoints.services import create_endpoint  # noqa: PLC0415
     from tickets.selectors import get_ticket  # noqa: PLC0415
 

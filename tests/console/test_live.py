@@ -1,4 +1,4 @@
-"""Live regions wake on a notification (issue 12, console/live.py): a watch
+"""Live regions wake on a notification (issue 12, console/views/live.py): a watch
 waits, without a query, until a ticket event commits; it answers at once
 when the page's token is already stale; a stranger's ticket is 404; the
 slots per process bound the threads watches hold. Real PostgreSQL: every

@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from console import views
 from console.owners import create_owner
+from console.selectors import tickets as ticket_pages
 from recovery import services as recovery_services
 from recovery.models import Decision, Inspection, Lesson
 from tickets.admission import admit_ticket
@@ -182,7 +182,7 @@ def test_ticket_list_shows_short_ids_with_the_full_id_in_the_title(client, viewe
 
 
 def test_ticket_list_pages_by_keyset_cursor(client, viewer, echo, monkeypatch):
-    monkeypatch.setattr(views, "TICKETS_PAGE", 2)
+    monkeypatch.setattr(ticket_pages, "TICKETS_PAGE", 2)
     ids = [admit_ticket(endpoint=echo.address, input={"n": n}).ticket.id for n in range(3)]
     client.force_login(viewer)
     first = client.get("/tickets/", {"endpoint": "con.echo"}).content.decode()

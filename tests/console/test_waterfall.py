@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from console import selectors
+from console.selectors import traces
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketState
 
@@ -73,7 +73,7 @@ def test_a_ticket_in_flight_is_drawn_to_now(client, viewer, echo):
 def test_the_waterfall_caps_its_rows_and_says_how_many_are_hidden(
     client, viewer, echo, monkeypatch
 ):
-    monkeypatch.setattr(selectors, "WATERFALL_CAP", 4)
+    monkeypatch.setattr(traces, "WATERFALL_CAP", 4)
     root = admit_ticket(endpoint=echo.address, input={"root": True}).ticket
     for n in range(6):
         admit_ticket(endpoint=echo.address, input={"n": n}, parent_id=root.id)
@@ -91,8 +91,8 @@ def test_the_completing_callback_is_drawn_even_past_the_cap(viewer):
     run_queued("wfc.child", "wfc.research")
     root.refresh_from_db()
     completer = Ticket.objects.get(turn_id=root.completed_by_turn_id)
-    _, rows = selectors.trace_tree(root.trace_id, user=viewer)
-    drawn = selectors.trace_waterfall(rows, cap=2)
+    _, rows = traces.trace_tree(root.trace_id, user=viewer)
+    drawn = traces.trace_waterfall(rows, cap=2)
     assert [w.row.ticket.id for w in drawn["rows"]] == [root.id, completer.id]
     assert drawn["rows"][1].completes_root and drawn["hidden"] == 4
 

@@ -1,4 +1,4 @@
-"""Live regions that wake on a notification (issue 12), not on a timer.
+"""Live regions that wake on a notification, not on a timer.
 
 A live region of a console page carries a change token (``{% live %}``:
 a ticket's version and newest event, or the ledger's newest event for lists
@@ -26,14 +26,14 @@ see.
 from __future__ import annotations
 
 import threading
-import uuid
 
 from django.conf import settings
-from django.http import Http404, JsonResponse
+from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
-from tickets import selectors as ticket_selectors
 from tickets import waits
+
+from ..selectors import live as selectors
 
 TOKEN_MAX = 64
 _slots_lock = threading.Lock()
@@ -61,18 +61,7 @@ def watch(request):
     if not request.user.is_authenticated:
         return _answer(401, error="unauthenticated", detail="Log in again.")
     token = request.GET.get("token", "")[:TOKEN_MAX]
-    ticket_id = request.GET.get("ticket")
-    if ticket_id:
-        ticket = _uuid(ticket_id)
-        if not ticket_selectors.visible_tickets(request.user).filter(id=ticket).exists():
-            raise Http404("ticket not found")
-        key = str(ticket)  # as the NOTIFY payload spells it
-
-        def read():
-            return ticket_selectors.change_token(ticket)
-    else:
-        key = waits.ANY
-        read = ticket_selectors.ledger_change_token
+    key, read = selectors.watched(request.GET.get("ticket"), user=request.user)
     if settings.CONSOLE_LIVE_SLOTS <= 0:
         return _answer(live=False, retry_s=None)
     slots = _slot()
@@ -86,10 +75,3 @@ def watch(request):
         return _answer(live=False, retry_s=10)
     current, changed = outcome
     return _answer(live=True, changed=changed, token=current)
-
-
-def _uuid(value: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise Http404("ticket not found") from None
