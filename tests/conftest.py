@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # --- Database roles (tests/db_roles.py): the test database is created and
 # migrated as the owner role; in-process code and the Celery processes below
 # connect as the application role (DATABASE_APP_ROLE, set by `make test`).
+from tests import cpu_usage  # noqa: E402
 from tests.db_roles import django_db_setup, owner_cursor  # noqa: E402,F401 - fixtures
 from tests.faults import figures as fault_figures  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402,F401 - the one wait helper, imported from here
@@ -33,7 +34,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     fault_figures.summarise(terminalreporter)
 
 
+def pytest_addoption(parser):
+    cpu_usage.pytest_addoption(parser)
+
+
 def pytest_configure(config):
+    cpu_usage.pytest_configure(config)
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         raise pytest.UsageError(
             "the test suite runs against PostgreSQL: use `make test` or set DATABASE_URL"
