@@ -52,13 +52,29 @@ def polls_of(page, path: str) -> list[str]:
 
 def wait_until(page, predicate, *, timeout: float, message: str):
     """Polls with a deadline; Playwright's own wait lets its events (the
-    request log) arrive meanwhile, which time.sleep would not."""
+    request log) arrive meanwhile, which a plain sleep would not."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        page.wait_for_timeout(100)
+        page.wait_for_timeout(100)  # the poll interval of this wait, not a wait on its own
     raise AssertionError(f"timed out waiting for {message}")
+
+
+def count_held_polls(page) -> None:
+    """Counts, in ``window.__held``, the polls the page's timers asked for
+    and console.js held back (refresh paused): each is a poll period that
+    passed without a request. Counted again from 0 after a reload."""
+    page.evaluate(
+        """() => { window.__held = 0; document.addEventListener("htmx:beforeRequest", (e) => {
+             const trigger = e.detail.elt.getAttribute && e.detail.elt.getAttribute("hx-trigger");
+             if (e.defaultPrevented && /(^|,)\\s*every\\s/.test(trigger || "")) window.__held += 1;
+           }); }"""
+    )
+
+
+def held_polls(page) -> int:
+    return page.evaluate("() => window.__held")
 
 
 def count_swaps(page, region: str) -> None:
@@ -107,18 +123,23 @@ def test_pausing_live_refresh_stops_the_requests_and_is_remembered(page, live_se
 
     toggle = page.locator("#live-toggle")
     expect(toggle).to_have_text("Live refresh: on")
+    count_held_polls(page)
     toggle.click()
     expect(toggle).to_have_text("Live refresh: paused")
     expect(toggle).to_have_attribute("aria-pressed", "false")
-    page.wait_for_timeout(500)  # a request already in flight may finish
+    # The first poll held: the pause is in force (a request started before
+    # it was reported before this answer).
+    wait_until(page, lambda: held_polls(page) >= 1, timeout=10, message="a held poll")
     before = len(polls)
-    page.wait_for_timeout(3500)  # more than three poll periods: nothing is asked
+    # Three more poll periods pass, each poll held: nothing is asked.
+    wait_until(page, lambda: held_polls(page) >= 4, timeout=15, message="three more held polls")
     assert len(polls) == before, f"{len(polls) - before} polls while paused"
 
     page.reload()  # the choice is remembered
     expect(page.locator("#live-toggle")).to_have_text("Live refresh: paused")
+    count_held_polls(page)
     before = len(polls)
-    page.wait_for_timeout(2500)
+    wait_until(page, lambda: held_polls(page) >= 2, timeout=10, message="two held polls")
     assert len(polls) == before
 
     page.locator("#live-toggle").click()

@@ -7,11 +7,11 @@ quarantine side by side, and the API (owners only, reasons, idempotent)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from accounts.keys import create_api_key
 from core.errors import EndpointPaused, Forbidden, Invalid
@@ -21,6 +21,7 @@ from runtime import services as runtime_services
 from runtime import turns as runtime
 from runtime.models import EndpointLock, Turn
 from runtime.runners import Outcome
+from tests.conftest import wait_for
 from tests.racing import race
 from tests.recovery.conftest import drive_to_quarantine
 from tickets.admission import admit_ticket
@@ -129,10 +130,11 @@ def test_a_start_waiting_on_a_pause_starts_nothing(make_endpoint, owner):
         return runtime.start_turn(ticket_id=ticket.id)
 
     def referee():
-        deadline = time.monotonic() + 20
-        while not _someone_waits_on_a_lock():
-            assert time.monotonic() < deadline, "the start never waited on the endpoint row"
-            time.sleep(0.02)
+        wait_for(
+            _someone_waits_on_a_lock,
+            interval=0.02,
+            message="the start to wait on the endpoint row",
+        )
         release.set()
 
     results = race(pause, start, referee)
@@ -163,10 +165,11 @@ def test_a_pause_waiting_on_a_start_lets_its_turn_run(make_endpoint, owner):
         return _pause("start-holds", owner)
 
     def referee():
-        deadline = time.monotonic() + 20
-        while not _someone_waits_on_a_lock():
-            assert time.monotonic() < deadline, "the pause never waited on the endpoint row"
-            time.sleep(0.02)
+        wait_for(
+            _someone_waits_on_a_lock,
+            interval=0.02,
+            message="the pause to wait on the endpoint row",
+        )
         release.set()
 
     started, (paused, changed), _ = race(start, pause, referee)
@@ -269,7 +272,8 @@ def test_the_lost_dispatch_sweep_leaves_a_paused_endpoints_tickets_alone(
     ticket = admit_ticket(endpoint="paused-sweep", input={}).ticket
     # As if its mark had been taken by a message since lost.
     Ticket.objects.filter(id=ticket.id).update(needs_dispatch=False)
-    time.sleep(0.01)  # strictly older than the sweep's cutoff
+    updated_at = Ticket.objects.get(id=ticket.id).updated_at
+    wait_for(lambda: timezone.now() > updated_at, message="the ticket to be older than the cutoff")
     assert runtime.sweep_lost_dispatches() == []
     _resume("paused-sweep", owner)
     assert runtime.sweep_lost_dispatches() == [ticket.id]

@@ -36,7 +36,7 @@ def ignores_sigterm(ctx) -> dict:
 
 
 def leaves_a_thread(ctx) -> dict:
-    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # the behaviour under test
     return where(ctx)
 
 
