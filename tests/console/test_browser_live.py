@@ -13,6 +13,7 @@ from playwright.sync_api import expect
 
 from console.owners import create_owner
 from runtime import services as runtime_services
+from tests.conftest import listener_wakeups
 from tickets.admission import admit_ticket
 
 from .helpers import echo_endpoint
@@ -53,7 +54,13 @@ def test_the_ticket_page_shows_a_change_at_once_and_is_quiet_meanwhile(page, liv
         "() => document.getElementById('ticket').claimcheckWatch", timeout=5_000
     )  # watching: a request waits on the server
     heard_at = page.locator("#live-updated-at").get_attribute("datetime")
-    page.wait_for_timeout(6_000)  # longer than the old 5 s poll
+    # Four more watches answered "unchanged", three of them after the whole
+    # 2 s the server waits: longer than the old 5 s poll has passed.
+    answered = (
+        "() => performance.getEntriesByType('resource')"
+        ".filter((e) => e.name.includes('/live/')).length"
+    )
+    page.wait_for_function(f"() => ({answered})() >= {page.evaluate(answered) + 4}", timeout=30_000)
     assert [s for s in seen if s.startswith("region")] == [], seen
     assert len([s for s in seen if s.startswith("watch")]) >= 2, seen
     # Each watch that found nothing changed says the page is current.
@@ -65,8 +72,8 @@ def test_the_ticket_page_shows_a_change_at_once_and_is_quiet_meanwhile(page, liv
     assert time.monotonic() - changed < 4
     assert len([s for s in seen if s.startswith("region")]) == 1, seen
     # A finished ticket holds still: nothing watches it any more.
-    page.wait_for_timeout(500)
-    assert page.locator("[data-live-watch]").count() == 0
+    expect(page.locator("[data-live-watch]")).to_have_count(0)
+    page.wait_for_function("() => !document.getElementById('ticket').claimcheckWatch")
 
 
 def test_the_dashboard_shows_a_new_ticket_without_waiting_for_a_timer(page, live_server):
@@ -88,7 +95,11 @@ def test_paused_refresh_watches_nothing(page, live_server):
     page.wait_for_function("() => !document.getElementById('ticket').claimcheckWatch")
     seen = region_requests(page)
     runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="while paused")
-    page.wait_for_timeout(2_000)
+    # The live server (this process) hears the cancel and then three more
+    # notifications, each handed on in order: a watch still open would have
+    # been answered "changed" and the page would have asked for the region.
+    listener_wakeups(3)
+    page.evaluate("() => new Promise((r) => setTimeout(r, 0))")  # the page's pending callbacks ran
     assert seen == [] and "queued" in page.locator("#ticket dl.kv").first.inner_text()
     page.get_by_role("button", name="Live refresh: paused").click()
     # Back on: the watch finds the token stale at once and the page catches up.
