@@ -12,8 +12,8 @@ import uuid
 
 from console.owners import create_owner
 from endpoints.models import Endpoint, EndpointEvent
+from runtime.services import cancel_ticket
 from tickets.admission import admit_ticket
-from tickets.lifecycle import cancel_ticket
 from tickets.models import Ticket, TicketState
 
 from .helpers import echo_endpoint
