@@ -174,7 +174,7 @@ def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
     procs.worker(queues="turns,control", concurrency=2, ready_timeout=READY_S, embedded_beat=True)
     api = stack.api()
     # An outage shorter than heartbeat timeout + grace must never quarantine.
-    r = api.patch("/runtime/demo.sleep", json={"heartbeat_timeout_s": 15, "interrupt_grace_s": 3})
+    r = api.patch("/endpoints/demo.sleep", json={"heartbeat_timeout_s": 15, "interrupt_grace_s": 3})
     assert r.status_code == 200, r.text
     ticket = api.post("/tickets", json={"endpoint": "demo.sleep", "input": {"seconds": 3}}).json()
     wait_for(lambda: _ticket_state(api, ticket["id"]) == "running", message="the turn to start")
@@ -220,7 +220,7 @@ def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
     kinds = [e["kind"] for e in api.get(f"/tickets/{ticket['id']}/events").json()]
     assert kinds.count("turn_started") == 1 and kinds.count("turn_completed") == 1, kinds
     assert "stale_outcome" not in kinds and "interrupt_requested" not in kinds, kinds
-    endpoint = api.get("/runtime/demo.sleep").json()
+    endpoint = api.get("/endpoints/demo.sleep").json()
     assert endpoint["state"] == "available" and endpoint["open_case"] is None
     assert endpoint["lock"]["holder_turn"] is None
     assert api.get("/recovery/cases").json() == [] or all(
@@ -235,14 +235,14 @@ def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
 def test_the_api_answers_503_while_postgres_is_down_and_recovers(stack, procs):
     api = stack.api()
     console = _console_session(stack)
-    assert api.get("/runtime/demo.echo").status_code == 200  # a warm, persistent connection
+    assert api.get("/endpoints/demo.echo").status_code == 200  # a warm, persistent connection
     assert console.get("/").status_code == 200
 
     stack.pg.stop()
     try:
         statuses = []
         for call in (
-            lambda: api.get("/runtime/demo.echo"),
+            lambda: api.get("/endpoints/demo.echo"),
             lambda: api.get("/tickets"),
             lambda: api.post("/tickets", json={"endpoint": "demo.echo", "input": {}}),
         ):
@@ -262,7 +262,7 @@ def test_the_api_answers_503_while_postgres_is_down_and_recovers(stack, procs):
 
     # No restart of the web app: the next requests reconnect.
     wait_for(
-        lambda: api.get("/runtime/demo.echo").status_code == 200,
+        lambda: api.get("/endpoints/demo.echo").status_code == 200,
         timeout=30,
         message="the API to answer again",
     )

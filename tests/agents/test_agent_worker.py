@@ -103,9 +103,9 @@ def test_demo_agent_on_a_worker(celery_procs, demo, make_endpoint, api):
     # An approval-requiring tool waits for an owner and resumes after it.
     asking = ask("send ops")
     wait_for(lambda: state_of(asking.id) == "waiting", message="the approval wait")
-    call = api.get("/runtime/demo.agent/approvals").json()[0]
+    call = api.get("/endpoints/demo.agent/approvals").json()[0]
     decided = api.post(
-        f"/runtime/demo.agent/approvals/{asking.id}/{call['call_id']}",
+        f"/endpoints/demo.agent/approvals/{asking.id}/{call['call_id']}",
         {"approve": True, "reason": "ops asked for it"},
     )
     assert decided.status_code == 200, decided.json()

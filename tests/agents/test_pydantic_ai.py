@@ -118,12 +118,12 @@ def test_an_approval_waits_for_an_owner_and_resumes_after_it(agent_ep, api):
     ticket = ask("send ops")
     assert ticket.state == "waiting", ticket.error
     assert not Ticket.objects.filter(parent=ticket).exists()
-    pending = api.get("/runtime/demo.agent/approvals").json()
+    pending = api.get("/endpoints/demo.agent/approvals").json()
     assert len(pending) == 1
     call = pending[0]
     assert call["tool"] == "send_report" and call["args"] == {"to": "ops"}
     assert call["ticket"] == str(ticket.id) and call["decision"] is None
-    path = f"/runtime/demo.agent/approvals/{ticket.id}/{call['call_id']}"
+    path = f"/endpoints/demo.agent/approvals/{ticket.id}/{call['call_id']}"
     assert api.post(path, {"approve": True, "reason": ""}).status_code == 422
     decided = api.post(path, {"approve": True, "reason": "ops asked for it"})
     assert decided.status_code == 200, decided.json()
@@ -144,8 +144,8 @@ def test_an_approval_waits_for_an_owner_and_resumes_after_it(agent_ep, api):
 
 def test_a_denied_call_tells_the_agent_why(agent_ep, api):
     ticket = ask("send everyone")
-    call = api.get("/runtime/demo.agent/approvals").json()[0]
-    path = f"/runtime/demo.agent/approvals/{ticket.id}/{call['call_id']}"
+    call = api.get("/endpoints/demo.agent/approvals").json()[0]
+    path = f"/endpoints/demo.agent/approvals/{ticket.id}/{call['call_id']}"
     approval = api.post(path, {"approve": False, "reason": "too wide"}).json()["approval_ticket"]
     run(Ticket.objects.get(id=approval))
     ticket.refresh_from_db()
@@ -158,15 +158,15 @@ def test_only_owners_read_the_conversation(agent_ep, api, django_user_model):
     from accounts.keys import create_api_key
 
     ask("remember the code is 42")
-    body = api.get("/runtime/demo.agent/conversation").json()
+    body = api.get("/endpoints/demo.agent/conversation").json()
     assert [t["status"] for t in body["turns"]] == ["done"]
     kinds = [m["kind"] for m in body["turns"][0]["messages"]]
     assert kinds == ["request", "response"]
     django_user_model.objects.create_user("stranger")
     _, key = create_api_key(username="stranger")
     stranger = api.as_key(key)
-    assert stranger.get("/runtime/demo.agent/conversation").status_code == 403
-    assert stranger.get("/runtime/demo.agent/approvals").status_code == 403
+    assert stranger.get("/endpoints/demo.agent/conversation").status_code == 403
+    assert stranger.get("/endpoints/demo.agent/approvals").status_code == 403
 
 
 def test_history_lives_in_artifacts_and_rows_stay_compact(agent_ep):
@@ -209,7 +209,7 @@ def test_the_console_shows_owners_the_conversation_and_takes_a_decision(
     waiting = ask("send ops")
     owner = django_user_model.objects.create_user("boss", is_staff=True)
     client.force_login(owner)
-    page = client.get("/runtime/demo.agent/").content.decode()
+    page = client.get("/endpoints/demo.agent/").content.decode()
     assert "Agent conversation" in page and "remember the code is 42" in page
     assert "noted: the code is 42" in page and "send_report" in page
     call_id = (
@@ -219,7 +219,7 @@ def test_the_console_shows_owners_the_conversation_and_takes_a_decision(
     )
     [call_id] = list(call_id)
     answer = client.post(
-        f"/runtime/demo.agent/approvals/{waiting.id}/{call_id}/",
+        f"/endpoints/demo.agent/approvals/{waiting.id}/{call_id}/",
         {"decision": "deny", "reason": "not today"},
     )
     assert answer.status_code == 302
@@ -228,9 +228,9 @@ def test_the_console_shows_owners_the_conversation_and_takes_a_decision(
     # Someone who is not an owner sees neither, and cannot decide.
     stranger = django_user_model.objects.create_user("stranger")
     client.force_login(stranger)
-    assert "Agent conversation" not in client.get("/runtime/demo.agent/").content.decode()
+    assert "Agent conversation" not in client.get("/endpoints/demo.agent/").content.decode()
     refused = client.post(
-        f"/runtime/demo.agent/approvals/{waiting.id}/{call_id}/",
+        f"/endpoints/demo.agent/approvals/{waiting.id}/{call_id}/",
         {"decision": "approve", "reason": "sneaky"},
     )
     assert refused.status_code == 404

@@ -64,7 +64,7 @@ def test_an_owner_approves_one_call_and_denies_another(axe_page, live_server):
     to_all = waiting("demo.agent", "send everyone")
     ops_call, all_call = pending_call(to_ops), pending_call(to_all)
 
-    log_in(page, live_server, "/runtime/demo.agent/", "olive", PASSWORD)
+    log_in(page, live_server, "/endpoints/demo.agent/", "olive", PASSWORD)
     page.evaluate("() => localStorage.setItem('claimcheck.liveRefresh', 'paused')")
     approvals = page.locator("#approvals")
     rows = approvals.locator("tbody tr")
@@ -115,7 +115,7 @@ def test_an_owner_approves_one_call_and_denies_another(axe_page, live_server):
     assert to_ops.state == "succeeded", to_ops.error
     to_all = resume(to_all, all_call)
     assert to_all.state == "succeeded", to_all.error
-    page.goto(f"{live_server.url}/runtime/demo.agent/")
+    page.goto(f"{live_server.url}/endpoints/demo.agent/")
     expect(page.locator("#approvals")).to_contain_text("No call is waiting for approval.")
     page.goto(f"{live_server.url}/tickets/{to_ops.id}/")
     expect(page.locator("#ticket")).to_contain_text("succeeded")
