@@ -298,31 +298,6 @@ class Stack:
         # linger as zombies: they count as gone).
         wait_until(lambda: not _group_pids(proc.pid), timeout=20, what=f"{name} to exit")
 
-    def sessions_settled(self, timeout: float = 20) -> None:
-        """Wait until no database session outlives its client: a killed
-        process's sessions end once the server has finished the statement
-        each was running (and committed or rolled back its transaction),
-        so what a fault test reads afterwards is what the killed processes
-        left. pg_stat_activity's ``client_port`` names the client's end of
-        each session; /proc says which ends a live process still holds."""
-
-        def orphans() -> list[int]:
-            ports = [
-                port
-                for (port,) in self.sql(
-                    "SELECT client_port FROM pg_stat_activity "
-                    "WHERE backend_type = 'client backend' AND client_port > 0"
-                )
-            ]
-            held = _client_ports_held(self.pg.port)
-            return [p for p in ports if p not in held]
-
-        wait_until(
-            lambda: not orphans(),
-            timeout=timeout,
-            what="the killed processes' database sessions to end",
-        )
-
     def log(self, name: str) -> bytes:
         path = self.tmp / f"{name}.log"
         return path.read_bytes() if path.exists() else b""
@@ -457,32 +432,6 @@ def _group_pids(pgid: int) -> set[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             found.add(int(entry))
     return found
-
-
-def _client_ports_held(server_port: int) -> set[int]:
-    """The local ports of the TCP connections to ``server_port`` on this
-    machine whose socket a live process holds open, from /proc."""
-    ends: dict[str, int] = {}  # socket inode -> local port
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as f:
-            for line in list(f)[1:]:
-                fields = line.split()
-                local, remote, inode = fields[1], fields[2], fields[9]
-                if int(remote.rsplit(":", 1)[1], 16) == server_port:
-                    ends[inode] = int(local.rsplit(":", 1)[1], 16)
-    held = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if target.startswith("socket:["):
-                        port = ends.get(target[8:-1])
-                        if port is not None:
-                            held.add(port)
-    return held
 
 
 def unfinished(ids: set[str], states: dict[str, str]) -> str:
