@@ -24,6 +24,7 @@ from core.errors import DomainError, StaleTurn
 from core.ids import new_id
 from core.sqlfunctions import call_cursor
 from tickets import lifecycle, terminal
+from tickets.admission import admit_ticket
 from tickets.models import CallbackState, Ticket, TicketState
 
 from .. import runners
@@ -227,29 +228,38 @@ def finish_turn(
     )
 
 
+def _admit_children(wait, *, parent: Ticket, turn: Turn, actor: str, key_prefix: str) -> list[str]:
+    """Admit a wait's children under ``parent``, each returning to the turn's
+    endpoint with the wait's continuation, all or none (a savepoint): the
+    ids in order, or the first child's DomainError. A child without its own
+    dedupe key gets ``<key_prefix>/child/<i>``, stable across a retry."""
+    children: list[str] = []
+    with transaction.atomic():
+        for i, child in enumerate(wait.children):
+            admitted = admit_ticket(
+                endpoint=child.endpoint,
+                input=child.input,
+                dedupe_key=child.dedupe_key or f"{key_prefix}/child/{i}",
+                parent_id=parent.id,
+                return_to=turn.endpoint.address,
+                continuation=wait.continuation,
+                actor=actor,
+            )
+            children.append(str(admitted.ticket.id))
+    return children
+
+
 def _finish_wait(call: dict[str, Any], *, ticket: Ticket, actor: str) -> _Written:
     """A wait for children: the children are admitted in the finishing
     transaction, before the function (which records their ids), so a refused
     outcome leaves none behind; a child that cannot be admitted fails the turn."""
-    from tickets.admission import admit_ticket
-
     turn, wait = call["turn"], call["outcome"].wait
     try:
         with transaction.atomic():
-            children: list[str] = []
             try:
-                with transaction.atomic():
-                    for i, child in enumerate(wait.children):
-                        admitted = admit_ticket(
-                            endpoint=child.endpoint,
-                            input=child.input,
-                            dedupe_key=child.dedupe_key or f"{ticket.id}/child/{i}",
-                            parent_id=ticket.id,
-                            return_to=turn.endpoint.address,
-                            continuation=wait.continuation,
-                            actor=actor,
-                        )
-                        children.append(str(admitted.ticket.id))
+                children = _admit_children(
+                    wait, parent=ticket, turn=turn, actor=actor, key_prefix=f"{ticket.id}"
+                )
             except DomainError as exc:
                 error = {"code": exc.code, "detail": f"cannot dispatch children: {exc.detail}"}
                 written = _call(**{**call, "kind": "failure", "error": error})
@@ -489,22 +499,10 @@ def _wait_again(
     (what its approvals and the next resume read). The callback or approval
     ticket whose turn this is waits on nothing: it succeeds. A child that
     cannot be admitted fails the waiting ticket, as it fails a first wait."""
-    from tickets.admission import admit_ticket
-
-    children: list[str] = []
     try:
-        with transaction.atomic():
-            for i, child in enumerate(wait.children):
-                admitted = admit_ticket(
-                    endpoint=child.endpoint,
-                    input=child.input,
-                    dedupe_key=child.dedupe_key or f"{target.id}/turn/{turn.id}/child/{i}",
-                    parent_id=target.id,
-                    return_to=turn.endpoint.address,
-                    continuation=wait.continuation,
-                    actor=actor,
-                )
-                children.append(str(admitted.ticket.id))
+        children = _admit_children(
+            wait, parent=target, turn=turn, actor=actor, key_prefix=f"{target.id}/turn/{turn.id}"
+        )
     except DomainError as exc:
         lifecycle.transition(
             ticket_id=target.id,
