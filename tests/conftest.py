@@ -261,10 +261,15 @@ class Processes:
         concurrency: int = 3,
         ready_timeout: float = 90.0,  # a loaded 2-core machine starts Python slowly
         embedded_beat: bool = False,
+        max_tasks_per_child: int | None = None,
     ) -> subprocess.Popen:
         # embedded_beat: beat as a child the worker forks (celery worker -B)
         # rather than a process of its own that imports everything again.
-        beat = ["-B", "-s", str(self.tmp / "beat-schedule")] if embedded_beat else []
+        extra = ["-B", "-s", str(self.tmp / "beat-schedule")] if embedded_beat else []
+        if max_tasks_per_child:  # each pool process exits after that many tasks
+            extra += ["--max-tasks-per-child", str(max_tasks_per_child)]
+        # A restart appends to the same log: only what this start writes counts.
+        since = len(self.log(name))
         proc = self.start(
             name,
             "worker",
@@ -278,12 +283,12 @@ class Processes:
             "--without-mingle",
             "--loglevel",
             "INFO",
-            *beat,
+            *extra,
         )
         wait_for(
             lambda: (
-                b"ready." in self.log(name)
-                and (not embedded_beat or b"beat: Starting" in self.log(name))
+                b"ready." in self.log(name)[since:]
+                and (not embedded_beat or b"beat: Starting" in self.log(name)[since:])
             ),
             timeout=ready_timeout,
             message=f"worker {name} to be ready",
@@ -291,13 +296,14 @@ class Processes:
         return proc
 
     def beat(self, ready_timeout: float = 60.0) -> subprocess.Popen:
+        since = len(self.log("beat"))
         proc = self.start(
             "beat", "beat", "--loglevel", "INFO", "-s", str(self.tmp / "beat-schedule")
         )
         # Under load beat takes seconds to start: a test that needs the sweeps
         # (a budget to be enforced) must not race it.
         wait_for(
-            lambda: b"beat: Starting" in self.log("beat"),
+            lambda: b"beat: Starting" in self.log("beat")[since:],
             timeout=ready_timeout,
             message="beat to start",
         )
