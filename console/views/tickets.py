@@ -11,7 +11,6 @@ from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
-from django_htmx.http import HttpResponseClientRedirect
 
 from core.errors import DomainError, Invalid
 from runtime import services as runtime_services
@@ -182,12 +181,8 @@ def ticket_retry(request, ticket_id):
     """Retry a failed, cancelled or orphaned ticket as a new one (with the
     input and budget the form gives, or the original's); the service decides
     who may and refuses with the reason, shown in the form with what the
-    user typed. Done, the new ticket's page.
-
-    Not through ``act`` yet: with it, test_browser_retry's flash went
-    missing after the client-side redirect (three runs of three, on a
-    loaded machine), while the Django client sees it; hand-rolled until
-    the cause is found."""
+    user typed. Done, the new ticket's page (a redirect even for htmx: the
+    region on screen is the old ticket's)."""
     ticket = selectors.visible_ticket(ticket_id, user=request.user)
     typed = {"input": request.POST.get("input", ""), "budget_s": request.POST.get("budget_s", "")}
 
@@ -201,16 +196,15 @@ def ticket_retry(request, ticket_id):
             budget_s=budget,
         )
 
-    try:
-        new = retry_it()
-    except DomainError as exc:
-        response = _ticket_region(request, ticket.id, retry_error=exc.detail, retry_form=typed)
-        response.status_code = 422
-        return response
-    messages.success(request, f"Retried as ticket {new.id}.")
-    if request.htmx:
-        return HttpResponseClientRedirect(reverse("ticket_detail", args=[new.id]))
-    return redirect("ticket_detail", ticket_id=new.id)
+    return act(
+        request,
+        retry_it,
+        done=lambda new: f"Retried as ticket {new.id}.",
+        refused=lambda detail: _ticket_region(
+            request, ticket.id, retry_error=detail, retry_form=typed
+        ),
+        then=lambda new: reverse("ticket_detail", args=[new.id]),
+    )
 
 
 @login_required
