@@ -81,10 +81,10 @@ INSERT INTO {table} (
     id, endpoint_id, dedupe_key, input_sha256, input, trace_id, depth, state,
     artifacts, requester, submitted_by_id, callback_state, delivery_state,
     needs_dispatch, obligation_state, obligation_due_at, obligation_overdue,
-    obligation_note, created_at, updated_at, version)
+    obligation_note, created_at, updated_at)
 VALUES (%(id)s, %(endpoint)s, %(dedupe_key)s, %(sha)s, %(input)s::jsonb, %(trace_id)s, 0,
     'queued', '[]'::jsonb, %(requester)s::jsonb, %(submitted_by_id)s, 'none', 'none', true,
-    'open', %(due)s, false, '', %(now)s, %(now)s, 1)
+    'open', %(due)s, false, '', %(now)s, %(now)s)
 """
 
 

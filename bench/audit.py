@@ -58,7 +58,7 @@ FROM endpoints_endpoint;
 INSERT INTO tickets_ticket (id, endpoint_id, dedupe_key, input_sha256, input, trace_id, depth,
     state, result, error, artifacts, turn_id, requester, callback_state, delivery_state,
     needs_dispatch, obligation_state, obligation_overdue, obligation_note, created_at,
-    updated_at, finished_at, version)
+    updated_at, finished_at)
 SELECT (ms_hex || '7000' || '8000' || g_hex)::uuid, endpoint_id, 'k' || g, md5(g::text),
     jsonb_build_object('n', g), md5(g::text), 0,
     CASE WHEN failed THEN 'failed' ELSE 'succeeded' END,
@@ -66,7 +66,7 @@ SELECT (ms_hex || '7000' || '8000' || g_hex)::uuid, endpoint_id, 'k' || g, md5(g
     CASE WHEN failed THEN '{"code": "runner_error"}'::jsonb END,
     '[]', (ms_hex || '7000' || '9000' || g_hex)::uuid, '{}', 'none', 'none', false, 'none',
     false, '', started_at, started_at + interval '5 milliseconds',
-    started_at + interval '5 milliseconds', 3
+    started_at + interval '5 milliseconds'
 FROM g;
 
 INSERT INTO runtime_turn (id, endpoint_id, ticket_id, seq, state, runner_kind,

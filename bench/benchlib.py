@@ -144,11 +144,11 @@ def seed_ledger(endpoint_id: int, tickets: int = SEED_TICKETS) -> None:
                 id, endpoint_id, dedupe_key, input_sha256, input, trace_id, depth, state,
                 result, artifacts, requester, callback_state, delivery_state,
                 obligation_state, obligation_overdue, obligation_note,
-                created_at, updated_at, finished_at, version)
+                created_at, updated_at, finished_at)
             SELECT gen_random_uuid(), %(endpoint)s, 'seed-' || g, md5(g::text) || md5(g::text),
                 jsonb_build_object('seed', g), md5(g::text), 0, 'succeeded',
                 jsonb_build_object('ok', true), '[]'::jsonb, '{}'::jsonb, 'none', 'none',
-                'none', false, '', now(), now(), now(), 3
+                'none', false, '', now(), now(), now()
             FROM generate_series(1, %(n)s) AS g
             """,
             {"endpoint": endpoint_id, "n": tickets},

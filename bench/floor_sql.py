@@ -23,10 +23,10 @@ ins AS (
         id, endpoint_id, dedupe_key, input_sha256, input, trace_id, depth, state,
         artifacts, requester, submitted_by_id, callback_state, delivery_state,
         needs_dispatch, obligation_state, obligation_due_at, obligation_overdue,
-        obligation_note, created_at, updated_at, version)
+        obligation_note, created_at, updated_at)
     SELECT %(id)s, ep.id, %(dedupe_key)s, %(sha)s, %(input)s::jsonb, %(trace_id)s, 0, 'queued',
         '[]'::jsonb, %(requester)s::jsonb, %(submitted_by_id)s, 'none', 'none',
-        true, 'open', %(due)s, false, '', %(now)s, %(now)s, 1
+        true, 'open', %(due)s, false, '', %(now)s, %(now)s
     FROM ep
     ON CONFLICT (endpoint_id, dedupe_key) DO NOTHING
     -- The ledger is the outbox: the ticket owes a dispatch (needs_dispatch)

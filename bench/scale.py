@@ -156,7 +156,7 @@ INSERTS = [
         id, endpoint_id, dedupe_key, input_sha256, input, trace_id, depth, state, result,
         error, artifacts, requester, submitted_by_id, callback_state, delivery_state,
         needs_dispatch, obligation_state, obligation_due_at, obligation_overdue,
-        obligation_note, created_at, updated_at, finished_at, version, turn_id)
+        obligation_note, created_at, updated_at, finished_at, turn_id)
     SELECT id, endpoint_id, dedupe_key, md5(dedupe_key) || md5(id::text), input,
         replace(id::text, '-', ''), 0, state,
         CASE WHEN state = 'succeeded' THEN
@@ -177,7 +177,6 @@ INSERTS = [
         unacked AND created + interval '1 hour' < %(t0)s::timestamptz,
         '', created, created + interval '1 second',
         CASE WHEN state <> 'queued' THEN created + interval '200 ms' END,
-        CASE WHEN state = 'queued' THEN 1 ELSE 5 END,
         CASE WHEN state IN ('succeeded', 'failed') THEN turn_id END
     FROM s ORDER BY g DESC
     """,
@@ -286,7 +285,7 @@ WITH root AS (
         id, endpoint_id, dedupe_key, input_sha256, input, parent_id, trace_id, depth, state,
         result, artifacts, requester, submitted_by_id, callback_state, delivery_state,
         needs_dispatch, obligation_state, obligation_overdue, obligation_note, created_at,
-        updated_at, finished_at, version, return_to_id)
+        updated_at, finished_at, return_to_id)
     SELECT id, %(endpoint)s, CASE WHEN n = 0 THEN 'lineage-root' END,
         md5(id::text) || md5(id::text),
         jsonb_build_object('child', n), CASE WHEN n > 0 THEN root_id END, 'lineage-trace',
@@ -295,7 +294,7 @@ WITH root AS (
         CASE WHEN n = 0 THEN 'none' ELSE 'recorded' END,
         CASE WHEN n = 0 THEN 'delivered' ELSE 'none' END, false,
         CASE WHEN n = 0 THEN 'closed' ELSE 'none' END, false, '', created, created,
-        created + interval '1 second', 5, CASE WHEN n > 0 THEN %(endpoint)s END
+        created + interval '1 second', CASE WHEN n > 0 THEN %(endpoint)s END
     FROM nodes
     RETURNING id, created_at
 )

@@ -326,7 +326,6 @@ def _admitted(row: tuple, *, ticket_id: uuid.UUID, params: list, input_json: str
         "obligation_note": "",
         "created_at": now,
         "updated_at": now,
-        "version": 1,
     }
     alias = connection.alias
     ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, [values.get(a) for a in _TICKET_ATTNAMES])

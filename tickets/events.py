@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from . import waits
@@ -58,5 +57,5 @@ def set_recorded_fields(*, ticket_id: uuid.UUID, **fields) -> None:
     if "state" in fields:
         raise ValueError("non-state fields only: the work state moves through transition()")
     Ticket.objects.filter(id=ticket_id).update(
-        updated_at=timezone.now(), version=F("version") + 1, **fields
+        updated_at=timezone.now(), **fields
     )

@@ -16,7 +16,6 @@ import uuid
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from core import observe
@@ -63,7 +62,7 @@ def transition(
         # The conditional UPDATE is the check (and takes the row lock): one
         # statement when it wins.
         updated = Ticket.objects.filter(id=ticket_id, state=expected).update(
-            state=to, updated_at=now, version=F("version") + 1, **fields
+            state=to, updated_at=now, **fields
         )
         if not updated:
             found = Ticket.objects.filter(id=ticket_id).values_list("state", flat=True).first()

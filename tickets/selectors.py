@@ -424,17 +424,17 @@ def awaiting_approval(*, user, limit: int = 20) -> tuple[list[Ticket], bool]:
 
 
 def change_token(ticket_id: uuid.UUID | str) -> str:
-    """What a page showing the ticket last saw: its version and its newest
-    event, which every change of the ticket or its record moves (console
-    live regions). One indexed read; "" for a ticket that is not there."""
-    newest = TicketEvent.objects.filter(ticket_id=OuterRef("id")).order_by("-id").values("id")[:1]
-    row = (
-        Ticket.objects.filter(id=ticket_id)
-        .annotate(newest=Subquery(newest))
-        .values_list("version", "newest")
+    """What a page showing the ticket last saw: its newest event, which every
+    change of the ticket or its record appends in the change's transaction
+    (console live regions). One indexed read; "" for a ticket that is not
+    there (a ticket has its admission event from the start)."""
+    newest = (
+        TicketEvent.objects.filter(ticket_id=ticket_id)
+        .order_by("-id")
+        .values_list("id", flat=True)
         .first()
     )
-    return "" if row is None else f"{row[0]}.{row[1] or 0}"
+    return "" if newest is None else str(newest)
 
 
 def ledger_change_token() -> str:

@@ -1,7 +1,7 @@
 """Live regions that wake on a notification, not on a timer.
 
 A live region of a console page carries a change token (``{% live %}``:
-a ticket's version and newest event, or the ledger's newest event for lists
+a ticket's newest event, or the ledger's newest event for lists
 and the dashboard). console.js asks ``GET /console/live/?token=…`` (with
 ``ticket=<id>`` for one ticket) and the request waits, woken by the NOTIFY
 every ticket event sends at commit (tickets/waits.py), for up to

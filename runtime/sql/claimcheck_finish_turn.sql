@@ -199,7 +199,6 @@ BEGIN
     tu AS (
         UPDATE tickets_ticket SET
             state = v_to, updated_at = v_now,
-            version = version + CASE WHEN v_opened_json IS NULL THEN 1 ELSE 2 END,
             finished_at = CASE WHEN v_to = 'waiting' THEN finished_at ELSE v_now END,
             result = CASE WHEN v_to = 'succeeded' THEN v_result ELSE result END,
             artifacts = CASE WHEN v_to = 'succeeded' THEN v_artifacts ELSE artifacts END,

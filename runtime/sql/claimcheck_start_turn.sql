@@ -62,7 +62,7 @@ hold AS (
 ),
 tu AS (
     UPDATE tickets_ticket t
-    SET state = 'running', turn_id = u.id, updated_at = u.started_at, version = t.version + 1
+    SET state = 'running', turn_id = u.id, updated_at = u.started_at
     FROM tn u WHERE t.id = (SELECT ticket_id FROM tn)
       AND t.endpoint_id = (SELECT endpoint_id FROM tn) AND t.state = 'queued'
     RETURNING t AS row, t.id

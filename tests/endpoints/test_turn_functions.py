@@ -53,7 +53,7 @@ def _shape(ticket_id):
     delivery = Delivery.objects.get(ticket_id=ticket_id)
     lock = EndpointLock.objects.get(endpoint_id=t.endpoint_id)
     return {
-        "ticket": (t.state, t.result, t.error, t.artifacts, t.delivery_state, t.version),
+        "ticket": (t.state, t.result, t.error, t.artifacts, t.delivery_state),
         "turn": (turn.state, turn.seq, turn.runner_kind, turn.ended_at is not None),
         "events": events,
         "entry": (entry.seq, entry.input, entry.result, entry.artifacts),
@@ -77,15 +77,15 @@ def test_a_finished_turn_leaves_its_rows(make_endpoint, outcome):
     )
     assert done.accepted and not done.duplicate
     shape = _shape(started.ticket.id)
-    state, result, error, artifacts, delivery_state, version = shape["ticket"]
+    state, result, error, artifacts, delivery_state = shape["ticket"]
     if outcome == "success":
         assert (state, result, error, artifacts) == ("succeeded", {"ok": True}, None, [])
         assert shape["turn"][0] == "completed" and shape["entry"][2] == {"ok": True}
     else:
         assert (state, result) == ("failed", None) and error["code"] == "boom"
         assert shape["turn"][0] == "failed" and shape["entry"][2] == {"error": error}
-    # queued -> running -> terminal, one transition each; the delivery's state too.
-    assert delivery_state == "pending" and version == 4
+    # queued -> running -> terminal, an event each (below); the delivery's state too.
+    assert delivery_state == "pending"
     assert shape["delivery"] == ("pull", "", None)
     assert shape["lock"] == (None, None) and shape["finished"] and shape["turn_of_ticket"]
     admitted, started_event, terminal = shape["events"]
@@ -148,7 +148,7 @@ def test_two_finishes_of_one_turn_apply_once(make_endpoint, same):
 
 def test_a_stale_seq_changes_nothing(make_endpoint):
     started = _started(make_endpoint, "stale")
-    before = Ticket.objects.get(id=started.ticket.id).version
+    before = Ticket.objects.get(id=started.ticket.id).updated_at
     done = runtime.finish_turn(
         turn_id=started.turn.id,
         seq=started.turn.seq - 1,
@@ -157,7 +157,7 @@ def test_a_stale_seq_changes_nothing(make_endpoint):
     )
     assert not done.accepted
     t = Ticket.objects.get(id=started.ticket.id)
-    assert t.state == "running" and t.version == before
+    assert t.state == "running" and t.updated_at == before
     assert Turn.objects.get(id=started.turn.id).state == "running"
     lock = EndpointLock.objects.get(endpoint_id=started.endpoint.id)
     assert lock.holder_id == started.turn.id and lock.token == started.turn.seq

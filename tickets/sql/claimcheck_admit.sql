@@ -156,14 +156,13 @@ BEGIN
             id, endpoint_id, dedupe_key, input_sha256, input, parent_id, trace_id, depth, state,
             artifacts, return_to_id, continuation, callback_for_id, rerun_of_id, requester,
             submitted_by_id, callback_state, delivery_state, needs_dispatch, obligation_state,
-            obligation_due_at, obligation_overdue, obligation_note, created_at, updated_at,
-            version)
+            obligation_due_at, obligation_overdue, obligation_note, created_at, updated_at)
         VALUES (p_id, e.id, p_dedupe_key, p_sha, p_input, p_parent, v_trace, v_depth, 'queued',
             '[]'::jsonb, v_rt, p_continuation, p_callback_for, p_rerun_of,
             p_requester, p_submitted_by,
             CASE WHEN p_return_to IS NOT NULL THEN 'pending' ELSE 'none' END, 'none', true,
             CASE WHEN v_root THEN 'open' ELSE 'none' END, CASE WHEN v_root THEN p_due END,
-            false, '', p_now, p_now, 1)
+            false, '', p_now, p_now)
         ON CONFLICT (endpoint_id, dedupe_key) DO NOTHING
         RETURNING pg_notify('claimcheck_dispatch', '') IS NULL INTO v_woke;
         IF FOUND THEN
