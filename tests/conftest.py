@@ -38,6 +38,21 @@ def pytest_addoption(parser):
     cpu_usage.pytest_addoption(parser)
 
 
+# Each test file's seconds in a full run (the ``test_s`` of a
+# ``--cpu-report``): the slowest files are collected first, so that with
+# ``--dist loadfile`` the workers end on short files rather than one waiting
+# on a long one. Refresh after a full quiet run of ``make test
+# PYTEST_ARGS="--cpu-report var/cpu.json"`` with ``python -m tests.cpu_usage
+# var/cpu.json``; a file it does not name counts as a short one.
+FILE_SECONDS = ROOT / "tests" / "file_seconds.json"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    seconds = cpu_usage.file_seconds(FILE_SECONDS)
+    # A stable sort: a file's tests stay together and in their order.
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], 0.0))
+
+
 def pytest_configure(config):
     cpu_usage.pytest_configure(config)
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
@@ -335,10 +350,14 @@ class Processes:
             for t in tasks
         )
 
-    def kill(self, name: str, sig=signal.SIGTERM) -> None:
+    def kill(self, name: str, sig=signal.SIGTERM, *, descendants: bool = False) -> None:
+        """Signal ``name``'s process group and wait for it. ``descendants``:
+        SIGKILL every descendant too, a command runner's process included
+        (it has a session of its own, out of the group's reach)."""
         proc = self.procs.pop(name, None)
         if proc is None:
             return
+        family = _descendants(proc.pid) if descendants else []
         try:
             os.killpg(proc.pid, sig)
             proc.wait(timeout=8)
@@ -346,10 +365,25 @@ class Processes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        for child in family:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
 
     def stop_all(self) -> None:
+        """At teardown nothing is left to observe: every process the test
+        started is killed with all its descendants, at once (a warm shutdown
+        took about 1.5 s a worker, quiet, on every test that started one)."""
         for name in list(self.procs):
-            self.kill(name)
+            self.kill(name, signal.SIGKILL, descendants=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 # --- The waits' listener (tickets/waits.py) -----------------------------------------------
@@ -415,9 +449,19 @@ def broker_queue_length(queue: str) -> int:
         return client.llen(queue)
 
 
+# A test that starts processes of its own carries one of these (`make
+# test-fast` leaves them out).
+PROCESS_MARKERS = ("integration", "browser", "faults", "multihost")
+
+
 @pytest.fixture
-def celery_procs(transactional_db, tmp_path):
+def celery_procs(request, transactional_db, tmp_path):
     """Start-your-own real Celery processes against the test database."""
+    if not any(request.node.get_closest_marker(m) for m in PROCESS_MARKERS):
+        pytest.fail(
+            f"{request.node.nodeid} starts Celery processes: mark it integration",
+            pytrace=False,
+        )
     purge_broker()
     procs = Processes(tmp_path)
     yield procs

@@ -109,3 +109,28 @@ def pytest_configure(config):
     path = config.getoption("--cpu-report")
     if path:
         config.pluginmanager.register(CpuUsage(path), "cpu_usage")
+
+
+def file_seconds(path: Path) -> dict[str, float]:
+    """``{file: seconds}`` from a file ``main`` wrote; {} when there is none."""
+    try:
+        return {f: float(s) for f, s in json.loads(path.read_text()).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def main(argv: list[str]) -> None:
+    """``python -m tests.cpu_usage var/cpu.json``: each file's test seconds of
+    that report, slowest first, into tests/file_seconds.json (read by
+    tests/conftest.py to collect the slowest files first)."""
+    report = json.loads(Path(argv[0]).read_text())
+    rows = sorted(report["files"].items(), key=lambda kv: -kv[1]["test_s"])
+    out = Path(__file__).resolve().parent / "file_seconds.json"
+    out.write_text(json.dumps({f: v["test_s"] for f, v in rows}, indent=1) + "\n")
+    print(f"{len(rows)} files written to {out}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -284,6 +284,38 @@ class Stack:
         """Every live process of ``name``'s process group (a worker's pool too)."""
         return _group_pids(self.procs[name].pid)
 
+    def db_sessions(self, name: str) -> set[int]:
+        """The PostgreSQL backends serving ``name``'s processes: their TCP
+        connections to the private cluster, matched by client port."""
+        import psutil
+
+        ports = set()
+        for pid in self.pids(name):
+            with contextlib.suppress(psutil.Error):
+                for conn in psutil.Process(pid).net_connections(kind="tcp"):
+                    if conn.raddr and conn.raddr.port == self.pg.port:
+                        ports.add(conn.laddr.port)
+        if not ports:
+            return set()
+        rows = self.sql(
+            "SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)", [sorted(ports)]
+        )
+        return {pid for (pid,) in rows}
+
+    def sessions_ended(self, backends: set[int], what: str) -> None:
+        """Wait until none of ``backends`` is left: a killed client's session
+        ends once its backend has read the closed socket, and a statement it
+        was running has then committed or rolled back."""
+        wait_until(
+            lambda: (
+                not self.sql(
+                    "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", [sorted(backends)]
+                )
+            ),
+            timeout=20,
+            what=what,
+        )
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name)
         with contextlib.suppress(ProcessLookupError):

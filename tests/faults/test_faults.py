@@ -185,9 +185,9 @@ def test_sigkill_of_a_turns_worker_mid_turn_replays_nothing(stack, record_figure
                 running_on_victim, timeout=60, what=f"{victim} to be in the middle of a turn"
             )
             (killed_at,) = stack.sql("SELECT now()")[0]
+            sessions = stack.db_sessions(victim)
             stack.kill(victim, signal.SIGKILL)
-            # The killed sessions' last statements settle within moments.
-            time.sleep(0.5)
+            stack.sessions_ended(sessions, f"{victim}'s database sessions to end")
             rows = stack.sql(
                 "SELECT t.id::text, t.ticket_id::text, e.address FROM runtime_turn t "
                 "JOIN endpoints_endpoint e ON e.id = t.endpoint_id "

@@ -230,8 +230,9 @@ def test_two_hosts_share_the_ledger_and_a_dead_host_quarantines_only_its_own_tur
     )
     b_pids = mh.pids("turns-b")
     (killed_at,) = mh.sql("SELECT now()")[0]
+    sessions = mh.db_sessions("turns-b")
     mh.kill("turns-b", signal.SIGKILL)
-    time.sleep(0.5)  # the killed sessions' last statements settle
+    mh.sessions_ended(sessions, "turns-b's database sessions to end")
     b_turns = mh.sql(
         "SELECT t.id::text, t.ticket_id::text, e.address FROM runtime_turn t "
         "JOIN endpoints_endpoint e ON e.id = t.endpoint_id "
