@@ -49,6 +49,35 @@ def _without_gossip_and_mingle(sender=None, **kwargs):
         options["without_mingle"] = True
 
 
+@signals.worker_init.connect
+def _released_connection_is_a_connection_error(**kwargs):
+    """The same kombu fault by another path (kombu 5.7, caught by the fault
+    suite's Redis restart): a consumer whose broker connection broke while a
+    message was unacknowledged releases the connection, and closing its
+    channel then restores that message through a new connection pool built
+    from the released connection's settings: ``AttributeError("'NoneType'
+    object has no attribute 'hostname'")`` in ``Channel._connparams``, which
+    the close does not expect, and the worker exits. Here that case raises
+    the connection error it is: the close ignores it, and the message stays
+    in Redis's unacknowledged set, reserved by no live worker, so the
+    lost-dispatch sweep publishes its ticket again if it is still queued
+    (a ticket run twice is a no-op: the ticket row decides)."""
+    from kombu.transport import redis as kombu_redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    connparams = kombu_redis.Channel._connparams
+    if getattr(connparams, "released_is_an_error", False):
+        return
+
+    def _connparams(self, asynchronous=False):
+        if self.connection.client is None:
+            raise RedisConnectionError("the broker connection was released")
+        return connparams(self, asynchronous=asynchronous)
+
+    _connparams.released_is_an_error = True
+    kombu_redis.Channel._connparams = _connparams
+
+
 # --- Database connections in the worker ----------------------------------------------------------
 
 
