@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from core.errors import DedupeConflict
 from endpoints import services
 from endpoints.models import EndpointAlias, RouteGeneration
 from runtime.turns.execute import run_ticket
+from tests.waiting import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
 
@@ -102,3 +103,64 @@ def test_admissions_racing_a_move_make_one_ticket_per_key():
     assert not errors, errors
     assert Ticket.objects.filter(dedupe_key="race").count() == 1
     assert _admit("svc", "race").duplicate
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_admission_that_waited_for_a_move_finds_the_key_admitted_before_it():
+    """The race test's rare loser, made certain: the move has updated the
+    alias and holds it; an admission of a key admitted before the move
+    waits for the alias, and once the move commits it must find the ticket
+    on the old endpoint, not admit a second one on the new."""
+    old, _ = _pair()
+    before = _admit("svc", "held")
+    moved, release = threading.Event(), threading.Event()
+    errors: list[Exception] = []
+    answers: list = []
+
+    def move() -> None:
+        try:
+            with transaction.atomic():
+                services.move_alias(alias="svc", to_address="svc.v2", reason="held", actor="t")
+                moved.set()
+                release.wait(30)
+        except Exception as exc:  # noqa: BLE001 - collected, asserted below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def admit() -> None:
+        try:
+            answers.append(_admit("svc", "held"))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    mover = threading.Thread(target=move)
+    mover.start()
+    assert moved.wait(30), errors
+    admitter = threading.Thread(target=admit)
+    admitter.start()
+    wait_for(
+        lambda: _waiting_on_a_lock("claimcheck_admit"),
+        timeout=20,
+        message="the admission to wait for the alias the move holds",
+    )
+    release.set()
+    mover.join(30)
+    admitter.join(30)
+    assert not errors, errors
+    assert [(a.duplicate, a.ticket.id, a.ticket.endpoint_id) for a in answers] == [
+        (True, before.ticket.id, old.id)
+    ]
+    assert Ticket.objects.filter(dedupe_key="held").count() == 1
+
+
+def _waiting_on_a_lock(query: str) -> bool:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s AND pid <> pg_backend_pid()",
+            [f"%{query}%"],
+        )
+        return cur.fetchone()[0] > 0

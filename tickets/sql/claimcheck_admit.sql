@@ -28,12 +28,18 @@ BEGIN
     --    on whichever endpoint the alias pointed to then. FOR SHARE holds
     --    the alias while this admission commits: a move (an UPDATE of the
     --    row) waits for it, and an admission after the move reads, in the
-    --    next statement's snapshot, every ticket admitted before it.
+    --    next statement's snapshot, every ticket admitted before it. The
+    --    alias row is locked alone: locked through a join, a row that a move
+    --    updated while this waited was re-checked against the endpoint the
+    --    join first read (the old one), failed, and went unlocked, and the
+    --    key was admitted again on the new endpoint.
     IF p_dedupe_key IS NOT NULL THEN
-        PERFORM 1 FROM endpoints_endpointalias a
-        JOIN endpoints_endpoint ae ON ae.id = a.endpoint_id
-        WHERE a.alias = p_address AND (p_may_submit_restricted OR NOT ae.submit_restricted)
-        FOR SHARE OF a;
+        PERFORM 1 FROM endpoints_endpointalias a WHERE a.alias = p_address FOR SHARE;
+        IF FOUND AND NOT p_may_submit_restricted THEN
+            PERFORM 1 FROM endpoints_endpointalias a
+            JOIN endpoints_endpoint ae ON ae.id = a.endpoint_id
+            WHERE a.alias = p_address AND NOT ae.submit_restricted;
+        END IF;
     END IF;
     IF p_dedupe_key IS NOT NULL AND FOUND THEN
         RETURN QUERY SELECT 'existing', t.id, e.id, e.address::text, t.return_to_id,
