@@ -61,6 +61,8 @@ class EndpointPauseOut(EndpointOut):
 class OutcomesOut(Out):
     generation: int
     turns: int
+    # The newest turns (at most 1,000) the rest are counted over.
+    sampled: int
     succeeded: int
     failed: int
     timed_out: int

@@ -128,6 +128,28 @@ def test_a_turn_in_flight_keeps_its_generation_and_the_next_starts_under_the_new
     assert before["p50_s"] is not None
 
 
+def test_a_generations_outcomes_read_a_bounded_sample_and_count_every_turn(db, monkeypatch):
+    """The endpoint page read every turn of a generation to count how they
+    ended (275 ms for 50,000 at a million tickets, bench/console.py): the
+    count of turns comes from the seq range, the rest from the newest few."""
+    from endpoints import generation_selectors
+
+    endpoint = _endpoint()
+    tickets = [_admit(endpoint) for _ in range(3)]
+    outcome = [Outcome.failure({"code": "boom"}), Outcome.success({}), Outcome.success({})]
+    for ticket, out in zip(tickets, outcome, strict=True):
+        started = runtime.start_turn(ticket_id=ticket.id)
+        runtime.finish_turn(
+            turn_id=started.turn.id, seq=started.turn.seq, outcome=out, source="worker"
+        )
+    monkeypatch.setattr(generation_selectors, "OUTCOME_SAMPLE", 2)
+    (current,) = side_by_side(Endpoint.objects.get(id=endpoint.id))
+    # Three turns; the newest two (both succeeded) are the sample.
+    assert (current["turns"], current["sampled"]) == (3, 2)
+    assert (current["succeeded"], current["failed"]) == (2, 0)
+    assert current["p50_s"] is not None
+
+
 APPEND_ONLY = {
     "endpoints_endpointgeneration": "UPDATE {t} SET reason = 'forged' WHERE id = %s",
     "endpoints_changeproposal": "UPDATE {t} SET reason = 'forged' WHERE id = %s",
