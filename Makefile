@@ -12,11 +12,9 @@ PG_SUPERUSER_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # pytest-xdist workers for `make test`: each has its own test database
 # (test_claimcheck_gw0, ...) and Redis database (tests/conftest.py); a test
 # file stays on one worker. TEST_WORKERS=0 runs in one process. Three on
-# two cores: CI's budget is 15 minutes, and the run is CPU-bound (90 % busy
-# on 2026-12-01; four workers were no faster than three). What it costs is
-# CPU, mostly the Python processes it starts: 651 CPU-s and 6 min 18 s,
-# then 476 CPU-s and 5 min 7 s once tests hashed passwords with MD5 and
-# started beat inside a worker. A machine three times slower scales that.
+# two cores: four were no faster (2026-12-02, quiet: 485 s against 488 s of
+# pytest, 534 CPU-s) and failed a timing-bound fault test. The slowest
+# files start first (tests/file_seconds.json).
 TEST_WORKERS ?= 3
 # pytest-django's name for the test database (test_ + the URL's database name).
 TEST_DB_NAME = test_$(lastword $(subst /, ,$(firstword $(subst ?, ,$(TEST_DATABASE_URL)))))
