@@ -56,6 +56,4 @@ def set_recorded_fields(*, ticket_id: uuid.UUID, **fields) -> None:
     which records the delivery it opens."""
     if "state" in fields:
         raise ValueError("non-state fields only: the work state moves through transition()")
-    Ticket.objects.filter(id=ticket_id).update(
-        updated_at=timezone.now(), **fields
-    )
+    Ticket.objects.filter(id=ticket_id).update(updated_at=timezone.now(), **fields)

@@ -6,7 +6,7 @@ import base64
 import uuid
 from typing import Any
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet
 
 from core.errors import Invalid, NotFound
 from core.times import iso
