@@ -464,29 +464,20 @@ def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: 
         )
         return
     if resume.error is not None:
-        lifecycle.transition(
-            ticket_id=target.id,
-            expected=TicketState.WAITING,
-            to=TicketState.FAILED,
-            kind="resumed",
-            actor=actor,
-            turn_id=turn.id,
-            completed_by_turn=turn,
-            error=resume.error if isinstance(resume.error, dict) else {"detail": resume.error},
-            detail={"callback": str(ticket.id)},
-        )
+        error = resume.error if isinstance(resume.error, dict) else {"detail": resume.error}
+        ended = {"to": TicketState.FAILED, "error": error}
     else:
-        lifecycle.transition(
-            ticket_id=target.id,
-            expected=TicketState.WAITING,
-            to=TicketState.SUCCEEDED,
-            kind="resumed",
-            actor=actor,
-            turn_id=turn.id,
-            completed_by_turn=turn,
-            result=resume.result,
-            detail={"callback": str(ticket.id)},
-        )
+        ended = {"to": TicketState.SUCCEEDED, "result": resume.result}
+    lifecycle.transition(
+        ticket_id=target.id,
+        expected=TicketState.WAITING,
+        kind="resumed",
+        actor=actor,
+        turn_id=turn.id,
+        completed_by_turn=turn,
+        detail={"callback": str(ticket.id)},
+        **ended,
+    )
 
 
 def _wait_again(

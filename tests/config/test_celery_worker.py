@@ -31,9 +31,10 @@ print(json.dumps({"options": worker.options, "steps": steps}))
 """
 
 
-def test_a_worker_started_without_the_flags_has_no_gossip_and_no_mingle():
+def _probe(code: str) -> dict:
+    """Run ``code`` in a Python process of its own; its last line, as JSON."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-c", code],
         cwd=ROOT,
         env={**_test_env(), "DJANGO_SETTINGS_MODULE": "config.settings"},
         capture_output=True,
@@ -42,7 +43,11 @@ def test_a_worker_started_without_the_flags_has_no_gossip_and_no_mingle():
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    built = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_worker_started_without_the_flags_has_no_gossip_and_no_mingle():
+    built = _probe(PROBE)
     assert built["options"]["without_gossip"] is True
     assert built["options"]["without_mingle"] is True
     assert built["steps"]["Gossip"] is False
@@ -75,16 +80,6 @@ print(json.dumps({"outcome": outcome, "closed": channel.closed}))
 
 
 def test_a_channel_closed_after_its_connection_was_released_does_not_take_the_worker_down():
-    done = subprocess.run(
-        [sys.executable, "-c", RELEASED],
-        cwd=ROOT,
-        env={**_test_env(), "DJANGO_SETTINGS_MODULE": "config.settings"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
     # Without config/celery.py's receiver: AttributeError, "Unrecoverable
     # error", and the worker exits.
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"outcome": "closed", "closed": True}
+    assert _probe(RELEASED) == {"outcome": "closed", "closed": True}
