@@ -59,24 +59,26 @@ test: install services browser pgbouncer proxy ## the layer contracts, then ever
 	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
 		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
 	@# DATABASE_LISTEN_URL names a production database: the tests' listeners
-	@# use the test database (tests/test_pgbouncer.py sets its own).
+	@# use the test database (tests/test_pgbouncer.py sets its own). The tests
+	@# connect directly: the functions' calls run prepared, as a direct
+	@# deployment's do (the PgBouncer test's pooled processes turn it off).
 	DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
-		CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--durations 15 $(PYTEST_ARGS)
 
 test-fast: install services ## every test that starts no process of its own (no worker, server or browser)
 	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
 		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
 	DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
-		CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+		DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		-m "not integration and not browser and not faults and not multihost" $(PYTEST_ARGS)
 
 faults: install services ## the full fault suite (private PostgreSQL + Redis it kills; `make test` runs a reduced set)
-	FAULTS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+	FAULTS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)
 
 multihost: install services ## hosts A and B on one machine: two webs, two turns workers, control, beat; kill B mid-turn
-	MULTIHOST=1 DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) \
+	MULTIHOST=1 DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest -m multihost tests/faults/test_multihost.py -s -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: install ## ruff check, format check and the layer contracts (import-linter)

@@ -76,6 +76,11 @@ def bench_env() -> dict[str, str]:
         # way should someone start one against this database.
         REDISPATCH_AFTER_S="3600",
     )
+    # The bench connects directly, as a deployment without a pooler does:
+    # the transition functions' calls run prepared (README, settings).
+    # BENCH_PREPARED_CALLS=0 measures them as unnamed statements, as behind
+    # PgBouncer before 1.21.
+    env["DATABASE_PREPARED_CALLS"] = os.environ.get("BENCH_PREPARED_CALLS", "1")
     env.update(FAIR_SHARE_OFF)
     return env
 

@@ -99,3 +99,38 @@ def test_a_file_must_create_the_function_it_is_named_after(owner, tmp_path):
     with owner.cursor() as cur:  # the transaction rolled back: nothing created
         cur.execute(sqlfunctions._INSTALLED, ["claimcheck_probe"])
         assert cur.fetchall() == []
+
+
+def _prepared(text: str) -> list[str]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+            [f"%{text}%"],
+        )
+        return [row[0] for row in cur.fetchall()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_call_runs_the_function_a_migrate_replaced(settings):
+    """A worker holding the call prepared while ``migrate`` replaces the
+    function (dropped and created, as ``install`` does: a new oid) runs the
+    new body on its next call: PostgreSQL re-plans the prepared statement."""
+    from tests.db_roles import connect
+
+    settings.DATABASE_PREPARED_CALLS = True
+
+    def call() -> int:
+        with sqlfunctions.call_cursor() as cur:
+            cur.execute("SELECT claimcheck_probe(%s)", [1])
+            return cur.fetchone()[0]
+
+    with connect(owner=True) as owner:
+        try:
+            owner.execute(_fn("p + 1"))
+            assert call() == 2
+            assert _prepared("claimcheck_probe(") != []
+            owner.execute("DROP FUNCTION claimcheck_probe(integer)")
+            owner.execute(_fn("p + 10"))
+            assert call() == 11
+        finally:
+            owner.execute("DROP FUNCTION IF EXISTS claimcheck_probe(integer)")

@@ -418,22 +418,35 @@ def test_a_new_ticket_comes_back_as_the_database_holds_it(make_endpoint, django_
     assert payload == selectors.ticket_payload(selectors.get_ticket(loaded.id), duplicate=False)
 
 
-def test_admission_needs_no_prepared_statement(make_endpoint, django_assert_num_queries):
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("prepared", [False, True])
+def test_admission_is_prepared_only_when_the_setting_says(
+    settings, make_endpoint, django_assert_num_queries, prepared
+):
     """PgBouncer in transaction mode (1.18) carries no protocol-level
-    prepared statement: admission is a function call sent as one unnamed
-    statement, and the function's plans are kept by the server session
-    itself."""
+    prepared statement: by default admission is a function call sent as one
+    unnamed statement, the function's plans kept by the server session
+    itself. With DATABASE_PREPARED_CALLS (a direct connection) the call is
+    prepared once per session."""
+    settings.DATABASE_PREPARED_CALLS = prepared
+    connection.close()  # a server session of this test's own
     make_endpoint("alpha")
     with django_assert_num_queries(1) as captured:
         first = admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="p1")
     assert "claimcheck_admit(" in captured.captured_queries[0]["sql"]
     second = admit_ticket(endpoint="alpha", input={"x": 2}, dedupe_key="p2")
-    assert not first.duplicate and not second.duplicate
+    again = admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="p1")
+    assert not first.duplicate and not second.duplicate and again.duplicate
+    assert again.ticket.id == first.ticket.id
     assert Ticket.objects.filter(endpoint__address="alpha").count() == 2
     assert TicketEvent.objects.filter(kind="admitted").count() == 2
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM pg_prepared_statements")
-        assert cur.fetchone()[0] == 0
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        kept = [row[0] for row in cur.fetchall()]
+    # Three calls, one statement planned for them all (or none).
+    assert [s.startswith("SELECT * FROM claimcheck_admit(") for s in kept] == (
+        [True] if prepared else []
+    )
 
 
 @pytest.mark.parametrize(
