@@ -26,7 +26,6 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.backends.utils import CursorWrapper
 
 _INSTALLED = """
@@ -102,33 +101,5 @@ def call_cursor() -> Iterator[CursorWrapper]:
     per server session (about 0.1 ms less a call: bench/README.md); only
     where a client connection keeps its server session or the pooler
     tracks prepared statements (docs/deploy.md)."""
-    with connection.cursor() as cur:
-        cur.cursor.close()
-        if settings.DATABASE_PREPARED_CALLS:
-            cur.cursor = PreparedCursor(connection.connection)
-        else:
-            cur.cursor = ServerBindingCursor(connection.connection)
+    with connection.function_cursor(prepared=settings.DATABASE_PREPARED_CALLS) as cur:
         yield cur
-
-
-class _QueryText:
-    """What Django's query log reads of a psycopg cursor (``_query.query``)."""
-
-    __slots__ = ("query",)
-
-    def __init__(self, text: str) -> None:
-        self.query = text.encode()
-
-
-class PreparedCursor(ServerBindingCursor):
-    """Server-side binding, every statement prepared (Django keeps psycopg's
-    automatic preparation off)."""
-
-    def execute(self, query, params=None, *, prepare=None, binary=None):
-        super().execute(query, params, prepare=True, binary=binary)
-        if self._query is None:
-            # psycopg records the query only when it does not run it
-            # prepared; Django's query log (DEBUG, CaptureQueriesContext)
-            # reads it.
-            self._query = _QueryText(query)
-        return self
