@@ -312,6 +312,46 @@ class Worker(Proc):
         )  # fmt: skip
 
 
+def cpu_seconds(worker_names: tuple[str, ...] = ()) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this process ("bench"), by
+    the bench's workers named ``worker_names`` (every process whose command
+    line holds ``<name>@``: the main process and its pool), by PostgreSQL's
+    processes and by Redis's. The difference of two snapshots around a phase,
+    divided by its work, is what that work costs the machine: it does not
+    move with how busy the machine was, as a rate does. PostgreSQL's count
+    holds every session of the server's: read it on a quiet machine."""
+    import psutil
+
+    me = os.getpid()
+    used = dict.fromkeys(("bench", "workers", "postgres", "redis"), 0.0)
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            line = " ".join(proc.info["cmdline"] or ())
+            if proc.pid == me:
+                key = "bench"
+            elif any(f"{name}@" in line for name in worker_names):
+                key = "workers"
+            elif proc.info["name"] == "postgres" or line.startswith("postgres:"):
+                key = "postgres"
+            elif proc.info["name"] == "redis-server":
+                key = "redis"
+            else:
+                continue
+            times = proc.cpu_times()
+            used[key] += times.user + times.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return used
+
+
+def cpu_ms_per_unit(before: dict[str, float], after: dict[str, float], units: int) -> dict:
+    """Milliseconds of CPU per unit of work between two ``cpu_seconds``
+    snapshots, by part and in total."""
+    per = {k: round((after[k] - before[k]) * 1e3 / units, 3) for k in before}
+    per["total"] = round(sum(per.values()), 3)
+    return per
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 

@@ -29,6 +29,11 @@ blocking BRPOP) and the repetitions alternate pipeline and floor, so both see
 the same background load on this shared machine. A figure is the median over
 repetitions; the ratio is pipeline / floor.
 
+Each pipeline round also reads the CPU it cost the machine per ticket, from
+admission to finish: this process (admission), the turns worker, PostgreSQL,
+Redis (benchlib.cpu_seconds): a figure that does not move with how busy the
+machine is, as a rate does, and says which part a change made dearer.
+
 The run also counts the database round trips of one turn (run in this
 process, publishing off), and with ``--profile`` prints the statements and a
 cProfile of a few turns.
@@ -78,6 +83,7 @@ def pipeline_round(tag: str, n: int, k: int, timeout: float, isolated: bool = Fa
     from tickets.admission import admit_ticket
     from tickets.models import TERMINAL_STATES, Ticket
 
+    cpu_before = benchlib.cpu_seconds(("bench-turns",))
     started_at = timezone.now()
     clock = time.perf_counter()
     ids = []
@@ -95,11 +101,12 @@ def pipeline_round(tag: str, n: int, k: int, timeout: float, isolated: bool = Fa
         interval=0.25,
         what=f"{n} tickets ({tag}) to be terminal",
     )
+    cpu = benchlib.cpu_ms_per_unit(cpu_before, benchlib.cpu_seconds(("bench-turns",)), n)
     finished_at = Ticket.objects.filter(id__in=ids).aggregate(end=Max("finished_at"))["end"]
     states = Counter(Ticket.objects.filter(id__in=ids).values_list("state", flat=True))
     seconds = (finished_at - started_at).total_seconds()
     return {"seconds": seconds, "per_s": benchlib.rate(n, seconds), "admit_s": admit_s,
-            "states": dict(states)}  # fmt: skip
+            "states": dict(states), "cpu_ms": cpu}  # fmt: skip
 
 
 def dispatch_latency(count: int, timeout: float) -> dict:
@@ -437,6 +444,16 @@ def main() -> None:
         f"({queries['savepoint_statements']} of them SAVEPOINT/RELEASE); "
         f"the worker took {messages_per_ticket} dispatch messages per ticket"
     )
+    cpu = {
+        part: round(benchlib.median([p["cpu_ms"][part] for p in pipeline]), 2)
+        for part in pipeline[0]["cpu_ms"]
+    }
+    print(
+        f"CPU per ticket, admission to finish (median of the repetitions): "
+        f"{cpu['total']:.2f} ms: PostgreSQL {cpu['postgres']:.2f}, the worker "
+        f"{cpu['workers']:.2f}, admission in this process {cpu['bench']:.2f}, "
+        f"Redis {cpu['redis']:.2f}"
+    )
     print(
         f"one turn in this process: {queries['turn_ms']:.1f} ms, of which "
         f"{queries['in_statements_ms']:.1f} ms waiting on SQL statements and "
@@ -475,6 +492,8 @@ def main() -> None:
             "floor": [round(f["per_s"], 1) for f in floor],
         },
         "ratio": ratio,
+        "cpu_ms_per_ticket": cpu,
+        "cpu_ms_per_ticket_runs": [p["cpu_ms"] for p in pipeline],
         "isolated": {
             "per_s": round(med_i, 1),
             "per_s_runs": [round(i["per_s"], 1) for i in iso],
