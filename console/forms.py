@@ -5,12 +5,13 @@ recovery service's decision, not the form's."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django import forms
 
 from core import limits
 from core.errors import Invalid
+from core.times import as_utc
 from recovery.models import DecisionAction
 
 
@@ -223,7 +224,7 @@ def utc_param(raw: str, name: str) -> datetime | None:
         raise Invalid(
             f"{name}: {raw!r} is not a date and time (UTC, like 2026-11-30 14:05)"
         ) from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+    return as_utc(value, name)
 
 
 def retry_changes(post) -> tuple[dict | None, int | None]:

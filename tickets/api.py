@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from django.conf import settings
@@ -15,6 +15,7 @@ from ninja.renderers import JSONRenderer
 from core import fairshare, limits, tracing
 from core.errors import Invalid
 from core.schemas import Strict
+from core.times import as_utc
 from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
 from endpoints.selectors import resolve_endpoint
 
@@ -161,13 +162,6 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
     return answer_admitted(request, admitted, payload.wait_s)
 
 
-def _utc(moment: datetime | None) -> datetime | None:
-    """A time filter without an offset is UTC, never the server's zone."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
-
-
 @router.get("", response=TicketPage)
 def list_tickets(
     request: HttpRequest,
@@ -196,8 +190,8 @@ def list_tickets(
         endpoint_id=endpoint_id,
         state=state,
         trace_id=trace_id,
-        since=_utc(since),
-        until=_utc(until),
+        since=as_utc(since, "since"),
+        until=as_utc(until, "until"),
         search_text=search,
         limit=limit,
         cursor=cursor,

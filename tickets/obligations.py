@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
 
 from core import limits
 from core.errors import Forbidden, Invalid, InvalidTransition, NotFound
+from core.times import as_utc
 from endpoints.selectors import is_owner
 
 from .events import update_fields
@@ -101,8 +102,7 @@ def update_obligation(
     fields: dict = {}
     detail: dict = {}
     if next_update_at is not None:
-        if timezone.is_naive(next_update_at):
-            next_update_at = next_update_at.replace(tzinfo=UTC)
+        next_update_at = as_utc(next_update_at, "next_update_at")
         if next_update_at <= timezone.now():
             raise Invalid("next_update_at must be in the future")
         fields.update(obligation_due_at=next_update_at, obligation_overdue=False)

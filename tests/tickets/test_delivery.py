@@ -699,6 +699,13 @@ def test_obligation_updates_are_for_owners_and_checked(api, make_endpoint):
     assert owner.post(path, {"colour": "red"}).status_code == 422
     assert owner.post(f"{path}/close", {}).status_code == 422  # a note is required
     assert owner.post(path, {"next_update_at": future}).status_code == 200
+    # An offset PostgreSQL refuses (beyond 15:59; found by the schema fuzz,
+    # a 500 before) is converted to UTC; one that leaves year 9999 is 400.
+    far = owner.post(path, {"next_update_at": "3496-06-23T04:43:26-20:35"})
+    assert far.status_code == 200, far.content
+    assert far.json()["obligation"]["next_update_at"] == "3496-06-24T01:18:26Z"
+    edge = owner.post(path, {"next_update_at": "9999-12-31T23:00:00-20:35"})
+    assert edge.status_code == 400 and "next_update_at" in edge.json()["detail"]
 
     closed = owner.post(f"{path}/close", {"note": "requester withdrew the request"})
     assert closed.status_code == 200, closed.content
@@ -713,6 +720,7 @@ def test_obligation_updates_are_for_owners_and_checked(api, make_endpoint):
     assert again.status_code == 409 and again.json()["error"] == "invalid_transition"
     assert owner.post(path, {"note": "late"}).status_code == 409
     assert [k for k in kinds(body["id"]) if k.startswith("obligation")] == [
+        "obligation_updated",
         "obligation_updated",
         "obligation_closed",
     ]

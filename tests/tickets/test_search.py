@@ -273,6 +273,11 @@ def test_the_api_list_searches_for_its_caller(finished, api, django_user_model):
     # Before 1970 there is no UUIDv7: the smallest id, not a 500.
     early = key.get("/tickets", search="input.customer:42", since="1960-01-01T00:00:00")
     assert early.status_code == 200 and len(early.json()["items"]) == 1
+    # Any offset Python reads (PostgreSQL stops at 15:59): converted to UTC.
+    offset = key.get("/tickets", search="input.customer:42", until="2999-01-01T00:00:00-20:35")
+    assert offset.status_code == 200 and len(offset.json()["items"]) == 1
+    edge = key.get("/tickets", since="9999-12-31T23:00:00-20:35")
+    assert edge.status_code == 400 and edge.json()["detail"].startswith("since:")
     django_user_model.objects.create_user("nobody")
     nobody = api.as_key(create_api_key(username="nobody")[1])
     assert nobody.get("/tickets", search="input.customer:42").json()["items"] == []
