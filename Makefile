@@ -62,14 +62,16 @@ test: install services browser pgbouncer proxy ## the layer contracts, then ever
 	@# use the test database (tests/test_pgbouncer.py sets its own). The tests
 	@# connect directly: the functions' calls run prepared, as a direct
 	@# deployment's do (the PgBouncer test's pooled processes turn it off).
-	DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
+	@# PYTHONDONTWRITEBYTECODE cleared: pytest keeps the test modules and
+	@# plugins it rewrote for its asserts (3 s of each worker's start).
+	PYTHONDONTWRITEBYTECODE= DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
 		DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--durations 15 $(PYTEST_ARGS)
 
 test-fast: install services ## every test that starts no process of its own (no worker, server or browser)
 	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
 		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
-	DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
+	PYTHONDONTWRITEBYTECODE= DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
 		DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		-m "not integration and not browser and not faults and not multihost" $(PYTEST_ARGS)
 

@@ -143,7 +143,8 @@ class World:
 
     def case(self):
         def make():
-            address = self.endpoint("m.stuck", interrupt_grace_s=0.05)
+            # A grace that has run out by the first look: no poll waits.
+            address = self.endpoint("m.stuck", interrupt_grace_s=0.001)
             ticket = self.admit(address)
             started = runtime.start_turn(ticket_id=ticket.id)
             runtime.request_interrupt(turn_id=started.turn.id, reason="deadline", actor="test")
