@@ -7,10 +7,11 @@ then every in-process connection and every Celery process started by the
 tests connects as the application role, so the suite proves the code runs
 with nothing more. Two things still need the owner:
 
-- the flush between transactional tests (Django TRUNCATEs every table): it
-  runs as the owner in a maintenance session, ``claimcheck.allow_truncate =
-  on``, the documented privileged path past the append-only tables' TRUNCATE
-  trigger;
+- the flush between transactional tests (``_flush``: a DELETE from every
+  table): it runs as the owner in a maintenance session, in a transaction
+  that sets ``claimcheck.pruning``, the privileged path past the append-only
+  tables' row trigger that retention takes (Django's own flush, for a test
+  that asks for it, TRUNCATEs with ``claimcheck.allow_truncate = on``);
 - tests that show a trigger refusing the owner itself: ``owner_cursor``.
 
 Without DATABASE_APP_ROLE everything runs as DATABASE_URL's one role.
@@ -81,10 +82,10 @@ def _flush(conn) -> None:
     """Empty every table but ``_KEPT`` in one transaction of DELETEs.
 
     Django's flush TRUNCATEs every table (a new file for each table and
-    index: about 0.2 s for this schema) and then sends post_migrate, which
-    writes the content types and permissions again (0.2 s more), after each
-    of the suite's few hundred transactional tests. A test leaves a few
-    rows: deleting them costs milliseconds. The foreign keys are deferred
+    index) and then sends post_migrate, which writes the content types and
+    permissions again: 0.27 s after each of the suite's few hundred
+    transactional tests (0.22 s without the post_migrate). A test leaves a
+    few rows: deleting them takes 0.01-0.03 s. The foreign keys are deferred
     (Django's), so the order does not matter; the append-only tables let
     the owner delete in a transaction that sets ``claimcheck.pruning``
     (core/append_only.py), as retention does."""
@@ -100,7 +101,7 @@ def _flush(conn) -> None:
 
 
 def _flush_as_owner(teardown):
-    # TransactionTestCase flushes (TRUNCATEs) every table after each test; the
+    # TransactionTestCase empties every table after each test; the
     # application role may not, so the flush runs in the owner's maintenance
     # session. TestCase overrides this method (it rolls back instead).
     def _fixture_teardown(self):
