@@ -651,9 +651,14 @@ def child(args) -> None:
             "staff": staff,
             "endpoint_address": "bench.scale-03",
             # A finished webhook ticket: its payload reads its turn and delivery.
+            # Among the seeded ones: the large-results tickets a --keep run
+            # added (on bench.scale-large, the newest) moved a --reuse run's
+            # pick in the large ledger only ("the ledgers differ").
             "ticket_id": db.execute(
-                "SELECT id FROM tickets_ticket WHERE state = 'succeeded' AND delivery_state = "
-                "'delivered' AND requester ? 'webhook_url' ORDER BY id DESC LIMIT 1 OFFSET 500"
+                "SELECT t.id FROM tickets_ticket t JOIN endpoints_endpoint e "
+                "ON e.id = t.endpoint_id WHERE e.address <> 'bench.scale-large' "
+                "AND t.state = 'succeeded' AND t.delivery_state = 'delivered' "
+                "AND t.requester ? 'webhook_url' ORDER BY t.id DESC LIMIT 1 OFFSET 500"
             ).fetchone()[0],
             "lineage_root": db.execute(
                 "SELECT id FROM tickets_ticket WHERE trace_id = 'lineage-trace' "
