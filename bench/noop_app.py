@@ -23,7 +23,10 @@ QUEUE = "bench_noop"
 DONE_KEY = "bench:noop:done"
 FINISHED_KEY = "bench:noop:finished_at"
 
-app = Celery("bench_noop", broker=BROKER_URL)
+# Not the current app of a process that imports it beside Django's
+# (bench/turns.py's floor): Celery's current_app, which the project's
+# publishing reads (core/dispatch.py), stays config.celery's there.
+app = Celery("bench_noop", broker=BROKER_URL, set_as_current=False)
 app.conf.update(
     task_default_queue=QUEUE,
     task_serializer="json",
