@@ -390,8 +390,11 @@ def _answer(
     if kind != "stopped" and written.turn_state == TurnState.STOPPED:
         log.warning(
             "turn %s seq %s: its outcome (%s, ran %s s) came after its interrupt: stopped",
-            turn.id, seq, kind, None if ran_s is None else round(ran_s, 3),
-        )  # fmt: skip
+            turn.id,
+            seq,
+            kind,
+            None if ran_s is None else round(ran_s, 3),
+        )
     log.info(
         "turn %s seq %s finished: ticket %s %s", turn.id, seq, turn.ticket_id, written.ticket_state
     )
@@ -465,9 +468,23 @@ def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: 
         return
     if resume.error is not None:
         error = resume.error if isinstance(resume.error, dict) else {"detail": resume.error}
-        ended = {"to": TicketState.FAILED, "error": error}
+        _end_wait(
+            ticket=ticket, target=target, turn=turn, actor=actor, to=TicketState.FAILED, error=error
+        )
     else:
-        ended = {"to": TicketState.SUCCEEDED, "result": resume.result}
+        _end_wait(
+            ticket=ticket,
+            target=target,
+            turn=turn,
+            actor=actor,
+            to=TicketState.SUCCEEDED,
+            result=resume.result,
+        )
+
+
+def _end_wait(*, ticket: Ticket, target: Ticket, turn: Turn, actor: str, **ended) -> None:
+    """The waiting ticket ``target`` resumed to its end (``to`` with its
+    result or error) by ``turn``, the turn of the callback ``ticket``."""
     lifecycle.transition(
         ticket_id=target.id,
         expected=TicketState.WAITING,
@@ -495,16 +512,9 @@ def _wait_again(
             wait, parent=target, turn=turn, actor=actor, key_prefix=f"{target.id}/turn/{turn.id}"
         )
     except DomainError as exc:
-        lifecycle.transition(
-            ticket_id=target.id,
-            expected=TicketState.WAITING,
-            to=TicketState.FAILED,
-            kind="resumed",
-            actor=actor,
-            turn_id=turn.id,
-            completed_by_turn=turn,
-            error={"code": exc.code, "detail": f"cannot dispatch children: {exc.detail}"},
-            detail={"callback": str(ticket.id)},
+        error = {"code": exc.code, "detail": f"cannot dispatch children: {exc.detail}"}
+        _end_wait(
+            ticket=ticket, target=target, turn=turn, actor=actor, to=TicketState.FAILED, error=error
         )
         return
     lifecycle.append_event(

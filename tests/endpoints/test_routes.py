@@ -118,29 +118,14 @@ def test_an_admission_that_waited_for_a_move_finds_the_key_admitted_before_it():
     answers: list = []
 
     def move() -> None:
-        try:
-            with transaction.atomic():
-                services.move_alias(alias="svc", to_address="svc.v2", reason="held", actor="t")
-                moved.set()
-                release.wait(30)
-        except Exception as exc:  # noqa: BLE001 - collected, asserted below
-            errors.append(exc)
-        finally:
-            connection.close()
+        with transaction.atomic():
+            services.move_alias(alias="svc", to_address="svc.v2", reason="held", actor="t")
+            moved.set()
+            release.wait(30)
 
-    def admit() -> None:
-        try:
-            answers.append(_admit("svc", "held"))
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    mover = threading.Thread(target=move)
-    mover.start()
+    mover = _started(move, errors)
     assert moved.wait(30), errors
-    admitter = threading.Thread(target=admit)
-    admitter.start()
+    admitter = _started(lambda: answers.append(_admit("svc", "held")), errors)
     wait_for(
         lambda: _waiting_on_a_lock("claimcheck_admit"),
         timeout=20,
@@ -154,6 +139,23 @@ def test_an_admission_that_waited_for_a_move_finds_the_key_admitted_before_it():
         (True, before.ticket.id, old.id)
     ]
     assert Ticket.objects.filter(dedupe_key="held").count() == 1
+
+
+def _started(fn, errors: list[Exception]) -> threading.Thread:
+    """``fn`` in a thread of its own, started; what it raises goes to
+    ``errors`` (asserted by the test), its connection closed at the end."""
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - collected, asserted by the caller
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
 
 
 def _waiting_on_a_lock(query: str) -> bool:
