@@ -3,10 +3,12 @@ CREATE OR REPLACE FUNCTION claimcheck_finish_turn(
     p_kind text, p_result jsonb, p_artifacts jsonb, p_error jsonb, p_evidence jsonb,
     p_children jsonb, p_continuation jsonb, p_stale_detail jsonb,
     p_digest text, p_source text, p_ran_s double precision,
-    p_delivery uuid, p_node text, p_pid integer
+    p_delivery uuid, p_node text, p_pid integer,
+    p_next_turn uuid, p_task text, p_worker jsonb, p_next_token_sha256 text, p_next_actor text
 ) RETURNS TABLE (
     o_status text, o_state text, o_turn_state text, o_next uuid, o_delivery uuid,
-    o_due boolean, o_reason text
+    o_due boolean, o_reason text,
+    o_next_endpoint endpoints_endpoint, o_next_turn runtime_turn, o_next_ticket tickets_ticket
 ) LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -41,6 +43,7 @@ DECLARE
     v_del_due boolean := false;
     v_opened_json jsonb;
     v_next uuid;
+    v_started record;
 BEGIN
     -- 1. Lock ticket, lock row, turn, in that order (every path that takes
     --    more than one of them takes them so), in one statement: a locking
@@ -225,8 +228,25 @@ BEGIN
         RAISE EXCEPTION 'ticket % is no longer running', t.id;
     END IF;
 
-    -- 5. Release the lock: the endpoint's next ticket.
+    -- 5. Release the lock: the endpoint's next ticket. With p_next_turn the
+    --    worker that finishes starts it here, in this transaction: the same
+    --    start as a message's (claimcheck_start_turn, with every guard of
+    --    its own: the endpoint available and not paused, the oldest queued
+    --    ticket first, the message's ticket marked when another starts or
+    --    none does), the new turn carrying this worker's task id. Nothing is
+    --    then left to publish.
     v_next := claimcheck_release_lock(p_endpoint, u.id);
+    IF v_next IS NOT NULL AND p_next_turn IS NOT NULL THEN
+        SELECT s.o_endpoint, s.o_turn, s.o_ticket INTO v_started
+        FROM claimcheck_start_turn(v_next, p_next_turn, p_task, p_worker,
+            p_next_token_sha256, p_next_actor, p_node, p_pid) s;
+        IF FOUND THEN
+            o_next_endpoint := v_started.o_endpoint;
+            o_next_turn := v_started.o_turn;
+            o_next_ticket := v_started.o_ticket;
+        END IF;
+        v_next := NULL;
+    END IF;
 
     o_status := 'finished'; o_state := v_to; o_turn_state := v_turn_state; o_next := v_next;
     o_delivery := v_del_id; o_due := COALESCE(v_del_due, false); o_reason := '';

@@ -22,7 +22,6 @@ from .. import registry, runners, running
 from ..models import ContextEntry, Turn
 from ..runners import Outcome, TurnContext
 from .budgets import BudgetWatch
-from .dispatch import publish_next
 from .finish import Finished, finish_turn
 from .heartbeats import Heartbeater
 from .receipts import record_turn_event
@@ -55,45 +54,59 @@ def run_ticket(
     ``finish_with_retry``); the heartbeat goes on until the finish is in.
     Returns the first turn's id (None: no turn started).
 
-    With ``keep_going`` (the worker's task passes "not shutting down"), a
-    finish that frees the endpoint for its next queued ticket hands that
-    ticket back instead of publishing it, and this process starts it at once:
-    one broker round trip (publish, deliver, acknowledge) less per ticket of
-    a backlog. It goes on while ``keep_going()`` holds, for at most
+    With ``keep_going`` (the worker's task passes "not shutting down") and a
+    ``celery_task_id``, a
+    finish that frees the endpoint for its next queued ticket starts that
+    ticket's turn in its own transaction (``finish_turn`` with
+    ``start_next``), and this process runs it at once: per ticket of a
+    backlog, one commit and one broker round trip (publish, deliver,
+    acknowledge) less. It goes on while ``keep_going()`` holds, for at most
     ``TURN_CHAIN_MAX`` turns and ``TURN_CHAIN_WINDOW_S`` seconds since the
     first start (other endpoints' messages wait for a free pool process
-    meanwhile); the next ticket it does not start, it publishes. Each turn is
-    its own turn (own seq, lock tenure, heartbeat, budget and outcome)."""
+    meanwhile), asked before each finish; a finish past them publishes the
+    next ticket for any free process. Each turn is its own turn (own seq,
+    lock tenure, heartbeat, budget and outcome)."""
     first: uuid.UUID | None = None
     began = time.monotonic()
     turns = 0
+
+    def chain() -> bool:
+        # The task id is what finds the started turn again when the finish's
+        # reply is lost (``finish_turn``, a duplicate).
+        return (
+            keep_going is not None
+            and bool(celery_task_id)
+            and turns < settings.TURN_CHAIN_MAX
+            and time.monotonic() - began < settings.TURN_CHAIN_WINDOW_S
+            and keep_going()
+        )
+
+    started: Started | None = None
     while True:
-        turn_id, handed = _run_one(
-            ticket_id=ticket_id, celery_task_id=celery_task_id, hand_on=keep_going is not None
+        turns += 1
+        turn_id, started = _run_one(
+            ticket_id=ticket_id, celery_task_id=celery_task_id, started=started, chain=chain
         )
         first = first or turn_id
-        turns += 1
-        if handed is None:
+        if started is None:
             return first
-        if (
-            turns >= settings.TURN_CHAIN_MAX
-            or time.monotonic() - began >= settings.TURN_CHAIN_WINDOW_S
-            or not keep_going()
-        ):
-            publish_next(handed)  # autocommit: the finish has committed
-            return first
-        ticket_id = handed
 
 
 def _run_one(
-    *, ticket_id: uuid.UUID, celery_task_id: str, hand_on: bool
-) -> tuple[uuid.UUID | None, uuid.UUID | None]:
-    """One turn: (its id or None when none started, the endpoint's next
-    ticket its finish handed on)."""
+    *,
+    ticket_id: uuid.UUID,
+    celery_task_id: str,
+    started: Started | None,
+    chain: Callable[[], bool],
+) -> tuple[uuid.UUID | None, Started | None]:
+    """One turn, the one a finish ``started`` already or else the one the
+    message's start starts: (its id or None when none started, the next
+    turn its finish started when ``chain()`` said so)."""
     # A worker's pool process records the turn it runs; the one-statement
     # start and finish write that slot themselves (runtime.registry).
     slot = registry.current_slot()
-    started = start_with_retry(ticket_id=ticket_id, celery_task_id=celery_task_id, slot=slot)
+    if started is None:
+        started = start_with_retry(ticket_id=ticket_id, celery_task_id=celery_task_id, slot=slot)
     if started is None:
         return None, None
     turn, ticket, endpoint = started.turn, started.ticket, started.endpoint
@@ -169,7 +182,12 @@ def _run_one(
             # ledger before the finish, which then records why (timed out).
             watch.record_interrupt()
         finished = finish_with_retry(
-            turn=turn, outcome=outcome, slot=slot, hand_on=hand_on, ran_s=ran_s
+            turn=turn,
+            outcome=outcome,
+            slot=slot,
+            start_next=chain(),
+            celery_task_id=celery_task_id,
+            ran_s=ran_s,
         )
         idle_recorded = finished.slot_recorded
     finally:
@@ -178,7 +196,7 @@ def _run_one(
         if not idle_recorded:
             registry.slot_idle()
         beater.stop()
-    return turn.id, finished.next_ticket
+    return turn.id, finished.started
 
 
 # The turns this process runs right now, with their interrupt flags: the
@@ -335,7 +353,8 @@ def finish_with_retry(
     turn: Turn,
     outcome: Outcome,
     slot: tuple[str, int] | None = None,
-    hand_on: bool = False,
+    start_next: bool = False,
+    celery_task_id: str = "",
     ran_s: float | None = None,
 ) -> Finished:
     """``finish_turn`` for an outcome this worker knows, through a database
@@ -353,7 +372,8 @@ def finish_with_retry(
             source="worker",
             turn=turn,
             slot=slot,
-            hand_on=hand_on,
+            start_next=start_next,
+            celery_task_id=celery_task_id,
             ran_s=ran_s,
         ),
         what=f"finish of turn {turn.id} seq {turn.seq}",

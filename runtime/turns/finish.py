@@ -8,8 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -32,6 +33,7 @@ from ..models import ContextEntry, EndpointLock, Turn, TurnState
 from ..ports import case_keeper
 from ..runners import Outcome
 from .dispatch import publish_next, redispatch_if_free
+from .start import Credentials, Started, start_params, started_by, started_columns, started_from
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +81,11 @@ class Finished:
     ticket_state: str | None = None
     reason: str = ""
     duplicate: bool = False  # this outcome was already recorded by an earlier attempt
-    slot_recorded: bool = False  # the finish marked the worker's slot idle
-    # With ``hand_on``: the endpoint's next ticket, unmarked and not published,
-    # for the caller to start itself or publish (``dispatch.publish_next``).
-    next_ticket: uuid.UUID | None = None
+    # The finish wrote the worker's slot: idle, or naming the turn it started.
+    slot_recorded: bool = False
+    # With ``start_next``: the endpoint's next turn, started in the finishing
+    # transaction, for the caller to run.
+    started: Started | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class _Written:
     delivery: uuid.UUID | None
     due: bool
     reason: str
+    started: Started | None = None
 
 
 class _Refused(Exception):
@@ -106,10 +110,18 @@ class _Refused(Exception):
         self.written = written
 
 
-# claimcheck_finish_turn: runtime/sql/claimcheck_finish_turn.sql.
-_FINISH_SQL = (
-    "SELECT * FROM claimcheck_finish_turn(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,"
-    " %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s, %s)"
+# claimcheck_finish_turn: runtime/sql/claimcheck_finish_turn.sql; the
+# columns of the next turn it started only when asked to start one.
+_FINISH_CALL = (
+    " FROM claimcheck_finish_turn(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,"
+    " %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s, %s,"
+    " %s, %s, %s::jsonb, %s, %s) r"
+)
+_WRITTEN = "r.o_status, r.o_state, r.o_turn_state, r.o_next, r.o_delivery, r.o_due, r.o_reason"
+_FINISH_SQL = f"SELECT {_WRITTEN}{_FINISH_CALL}"
+_FINISH_START_SQL = (
+    f"SELECT {_WRITTEN}, {started_columns('o_next_endpoint', 'o_next_turn', 'o_next_ticket')}"
+    f"{_FINISH_CALL}"
 )
 _KINDS = ("success", "failure", "wait", "stopped")
 
@@ -128,7 +140,8 @@ def finish_turn(
     strict: bool = False,
     turn: Turn | None = None,
     slot: tuple[str, int] | None = None,
-    hand_on: bool = False,
+    start_next: bool = False,
+    celery_task_id: str = "",
     ran_s: float | None = None,
 ) -> Finished:
     """Accept a turn's outcome only from the exact turn (DESIGN.md flow 2).
@@ -155,9 +168,13 @@ def finish_turn(
        terminal ticket that answers a requester, its delivery
        (``claimcheck_open_delivery``).
     5. Release the lock (``claimcheck_release_lock``): the endpoint's next
-       marked ticket is unmarked and published after commit (with
-       ``hand_on`` handed back instead: ``Finished.next_ticket``), or the
-       dispatcher is woken; the worker's registry slot goes idle.
+       marked ticket is unmarked and published after commit, or the
+       dispatcher is woken; the worker's registry slot goes idle. With
+       ``start_next`` (a worker running a backlog) that ticket is not
+       published: the function starts the endpoint's next turn itself
+       (``claimcheck_start_turn``, every guard of a start), in the same
+       transaction, carrying ``celery_task_id``: ``Finished.started``, for
+       the caller to run. One commit per ticket of a backlog instead of two.
 
     Around the function, in its transaction, the work of other services: a
     wait's children are admitted first (undone if the outcome is refused; a
@@ -203,6 +220,8 @@ def finish_turn(
         "digest": digest,
         "ran_s": ran_s,
         "slot": slot,
+        "start_next": start_next,
+        "celery_task_id": celery_task_id,
     }
     reports = ticket.callback_for_id is not None or ticket.return_to_id is not None
     if kind == "wait":
@@ -222,7 +241,8 @@ def finish_turn(
         source=source,
         strict=strict,
         slot=slot,
-        hand_on=hand_on,
+        start_next=start_next,
+        celery_task_id=celery_task_id,
         outcome=outcome,
         ran_s=ran_s,
     )
@@ -296,10 +316,15 @@ def _call(
     digest: str,
     ran_s: float | None,
     slot: tuple[str, int] | None,
+    start_next: bool,
+    celery_task_id: str,
     children: list[str] | None = None,
 ) -> _Written:
     node, pid = slot or ("", 0)
     wait = outcome.wait
+    # A fresh turn id and token for each attempt: a retry after a lost reply
+    # finds the turn an earlier one started (``_answer``, duplicate).
+    nxt = Credentials.new(celery_task_id=celery_task_id, slot=slot) if start_next else None
     params = [
         turn.ticket_id,
         turn.endpoint_id,
@@ -319,10 +344,17 @@ def _call(
         new_id(),
         node,
         pid,
+        # claimcheck_start_turn's after the ticket's, but for the slot (above).
+        *(start_params(nxt)[:5] if nxt is not None else [None] * 5),
     ]
+    began = time.monotonic()
     with call_cursor() as cur:
-        cur.execute(_FINISH_SQL, params)
-        return _Written(*cur.fetchone())
+        cur.execute(_FINISH_START_SQL if nxt is not None else _FINISH_SQL, params)
+        row = cur.fetchone()
+    written = _Written(*row[:7])
+    if nxt is not None:
+        written = replace(written, started=started_from(row[7:], nxt, began=began))
+    return written
 
 
 def _after(*, ticket: Ticket, turn: Turn, written: _Written, outcome: Outcome, actor: str) -> None:
@@ -346,7 +378,8 @@ def _answer(
     source: str,
     strict: bool,
     slot: tuple[str, int] | None,
-    hand_on: bool,
+    start_next: bool,
+    celery_task_id: str,
     outcome: Outcome,
     ran_s: float | None,
 ) -> Finished:
@@ -363,8 +396,12 @@ def _answer(
             raise StaleTurn(written.reason, state=written.turn_state)
         return Finished(accepted=False, reason=written.reason)
     if written.status == "duplicate":
-        lock = EndpointLock.objects.get(endpoint_id=turn.endpoint_id)
-        redispatch_if_free(lock)
+        # The attempt that committed may have started the next turn: this
+        # worker runs it (a new token: only the hash was kept).
+        started = started_by(celery_task_id) if start_next and celery_task_id else None
+        if started is None:
+            lock = EndpointLock.objects.get(endpoint_id=turn.endpoint_id)
+            redispatch_if_free(lock)
         log.warning(
             "turn %s seq %s had already finished with this outcome (an earlier attempt "
             "committed): nothing recorded again; ticket %s is %s",
@@ -373,7 +410,9 @@ def _answer(
             turn.ticket_id,
             written.ticket_state,
         )
-        return Finished(accepted=True, ticket_state=written.ticket_state, duplicate=True)
+        return Finished(
+            accepted=True, ticket_state=written.ticket_state, duplicate=True, started=started
+        )
     # Metrics, the next ticket's message and a due webhook delivery, at commit.
     observe.transition(
         ticket_id=turn.ticket_id,
@@ -383,7 +422,7 @@ def _answer(
         turn_id=turn.id,
         fields={},
     )
-    if written.next_ticket is not None and not hand_on:
+    if written.next_ticket is not None:
         publish_next(written.next_ticket)
     if written.due:
         publish(DELIVER, str(written.delivery))
@@ -402,7 +441,7 @@ def _answer(
         accepted=True,
         ticket_state=written.ticket_state,
         slot_recorded=slot is not None,
-        next_ticket=written.next_ticket if hand_on else None,
+        started=written.started,
     )
 
 

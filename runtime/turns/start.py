@@ -62,12 +62,6 @@ _PARTS = (
     (Turn, [f.attname for f in Turn._meta.concrete_fields]),
     (Ticket, [f.attname for f in Ticket._meta.concrete_fields]),
 )
-# claimcheck_start_turn: runtime/sql/claimcheck_start_turn.sql.
-_START_SQL = (
-    f"SELECT {_select(Endpoint, 'o_endpoint')}, {_select(Turn, 'o_turn')}, "
-    f"{_select(Ticket, 'o_ticket')} "
-    "FROM claimcheck_start_turn(%s, %s, %s, %s::jsonb, %s, %s, %s, %s) r"
-)
 
 
 def _load(model: type[Model], names: list[str], values: tuple) -> Model:
@@ -80,6 +74,77 @@ def _load(model: type[Model], names: list[str], values: tuple) -> Model:
             value = field.from_db_value(value, None, connection)
         converted.append(value)
     return model.from_db(connection.alias, names, converted)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a start writes for the turn it may start: its id, the SHA-256 of
+    a fresh random token (the runner gets the token itself), the message's
+    Celery task id, this worker's identity, and its registry slot."""
+
+    turn_id: uuid.UUID
+    token: str = field(repr=False)
+    celery_task_id: str
+    worker: dict[str, Any]
+    slot: tuple[str, int] | None
+
+    @classmethod
+    def new(cls, *, celery_task_id: str = "", slot: tuple[str, int] | None = None) -> Credentials:
+        return cls(
+            turn_id=new_id(),
+            token=secrets.token_urlsafe(32),
+            celery_task_id=celery_task_id or "",
+            worker=worker_identity(),
+            slot=slot,
+        )
+
+    @property
+    def actor(self) -> str:
+        return f"worker:{self.worker['host']}:{self.worker['pid']}"
+
+
+# The columns of the rows a start returns (claimcheck_start_turn's
+# o_endpoint, o_turn and o_ticket; claimcheck_finish_turn's o_next_*), by name.
+def started_columns(endpoint: str, turn: str, ticket: str) -> str:
+    return f"{_select(Endpoint, endpoint)}, {_select(Turn, turn)}, {_select(Ticket, ticket)}"
+
+
+# claimcheck_start_turn: runtime/sql/claimcheck_start_turn.sql.
+_START_SQL = (
+    f"SELECT {started_columns('o_endpoint', 'o_turn', 'o_ticket')} "
+    "FROM claimcheck_start_turn(%s, %s, %s, %s::jsonb, %s, %s, %s, %s) r"
+)
+
+
+def started_from(row: tuple, credentials: Credentials, *, began: float) -> Started | None:
+    """The turn a start statement returned (its endpoint, turn and ticket
+    columns, ``started_columns``), or None when it started none; its
+    ``turn_started`` transition reported (in autocommit the statement has
+    committed, so the metrics count at once)."""
+    if row is None or row[len(_PARTS[0][1])] is None:  # no turn id: none started
+        return None
+    loaded, at = [], 0
+    for model, names in _PARTS:
+        loaded.append(_load(model, names, row[at : at + len(names)]))
+        at += len(names)
+    endpoint, turn, ticket = loaded
+    turn.endpoint, turn.ticket, ticket.turn = endpoint, ticket, turn
+    observe.transition(
+        ticket_id=ticket.id,
+        expected=TicketState.QUEUED,
+        to=TicketState.RUNNING,
+        kind="turn_started",
+        turn_id=turn.id,
+        fields={"turn": turn},
+    )
+    return Started(
+        turn=turn,
+        ticket=ticket,
+        endpoint=endpoint,
+        token=credentials.token,
+        slot_recorded=credentials.slot is not None,
+        began=began,
+    )
 
 
 def start_turn(
@@ -107,50 +172,30 @@ def start_turn(
        registry slot (``slot``: node name and pid) names the turn.
 
     The function's comments say why each guard holds under READ COMMITTED.
+    A worker that finishes a turn starts the endpoint's next one with the
+    same function, inside its finish (``finish_turn`` with ``start_next``).
     """
     began = time.monotonic()
-    token = secrets.token_urlsafe(32)
-    worker = worker_identity()
-    node, pid = slot or ("", 0)
-    params = [
-        ticket_id,
-        new_id(),
-        celery_task_id or "",
-        json.dumps(worker),
-        turn_token_sha256(token),
-        f"worker:{worker['host']}:{worker['pid']}",
+    credentials = Credentials.new(celery_task_id=celery_task_id, slot=slot)
+    with call_cursor() as cur:
+        cur.execute(_START_SQL, [ticket_id, *start_params(credentials)])
+        row = cur.fetchone()
+    return started_from(row, credentials, began=began)
+
+
+def start_params(credentials: Credentials) -> list[Any]:
+    """claimcheck_start_turn's parameters after the ticket's, in its order
+    (claimcheck_finish_turn's last ones name the same, as p_next_*)."""
+    node, pid = credentials.slot or ("", 0)
+    return [
+        credentials.turn_id,
+        credentials.celery_task_id,
+        json.dumps(credentials.worker),
+        turn_token_sha256(credentials.token),
+        credentials.actor,
         node,
         pid,
     ]
-    with call_cursor() as cur:
-        cur.execute(_START_SQL, params)
-        row = cur.fetchone()
-    if row is None:
-        return None
-    loaded, at = [], 0
-    for model, names in _PARTS:
-        loaded.append(_load(model, names, row[at : at + len(names)]))
-        at += len(names)
-    endpoint, turn, ticket = loaded
-    turn.endpoint, turn.ticket, ticket.turn = endpoint, ticket, turn
-    # What lifecycle.transition reports for the turn_started edge (metrics; in
-    # autocommit the statement has committed, so they count at once).
-    observe.transition(
-        ticket_id=ticket.id,
-        expected=TicketState.QUEUED,
-        to=TicketState.RUNNING,
-        kind="turn_started",
-        turn_id=turn.id,
-        fields={"turn": turn},
-    )
-    return Started(
-        turn=turn,
-        ticket=ticket,
-        endpoint=endpoint,
-        token=token,
-        slot_recorded=slot is not None,
-        began=began,
-    )
 
 
 def started_by(celery_task_id: str) -> Started | None:

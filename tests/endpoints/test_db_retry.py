@@ -25,7 +25,8 @@ from runtime.turns import execute, heartbeats
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent
 
-from ..conftest import wait_for
+from ..conftest import purge_broker, queued_tasks, wait_for
+from .chains import started_in_a_finish
 
 LOST = "server closed the connection unexpectedly"
 
@@ -135,6 +136,32 @@ def test_a_finish_whose_commit_lost_its_reply_is_recorded_exactly_once(
         for r in caplog.records
         if r.name == "core.transient" and r.levelno == logging.WARNING
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_finish_that_started_the_next_turn_and_lost_its_reply_runs_that_turn(
+    make_endpoint, monkeypatch
+):
+    """A backlog: the first finish commits, starting the next ticket's turn in
+    its transaction, and its reply is lost. The retry finds the outcome
+    recorded and the turn it started (this task, this process): that turn
+    runs, nothing is started twice, nothing goes through the broker."""
+    purge_broker()
+    make_endpoint("blip-chain")
+    ids = [admit_ticket(endpoint="blip-chain", input={"n": i}).ticket.id for i in range(3)]
+    flaky = lose_reply_once(runtime.finish_turn)
+    monkeypatch.setattr(execute, "finish_turn", flaky)
+
+    runtime.run_ticket(ticket_id=ids[0], celery_task_id="task-chain", keep_going=lambda: True)
+
+    assert len(flaky.calls) == 4  # three finishes, the first one twice
+    tickets = Ticket.objects.filter(id__in=ids)
+    assert {t.state for t in tickets} == {"succeeded"}
+    assert Turn.objects.filter(ticket_id__in=ids).count() == 3
+    assert TicketEvent.objects.filter(ticket_id__in=ids, kind="turn_started").count() == 3
+    assert started_in_a_finish(ids) == ids[1:]
+    assert queued_tasks("turns") == []
+    assert EndpointLock.objects.get(endpoint__address="blip-chain").holder_id is None
 
 
 @pytest.mark.django_db(transaction=True)

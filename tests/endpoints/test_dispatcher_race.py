@@ -2,7 +2,9 @@
 wakes the dispatcher (``pg_notify``) in the same statement; the dispatcher
 publishes what is owed. Race test against real PostgreSQL: admitting
 threads, two dispatcher threads (real LISTEN, no polling fallback within the
-test's deadline) and worker threads running the turns, all at once. Every
+test's deadline) and worker threads running the turns, all at once (each
+message's turn alone, or, as a worker's task does, each finish starting the
+endpoint's next turn in its transaction while other messages race it). Every
 committed ticket must end up started exactly once, with the lost-dispatch
 sweep switched off, so it cannot hide a ticket left without a dispatch.
 
@@ -26,6 +28,7 @@ from runtime import turns as runtime
 from runtime.dispatcher import Dispatcher
 from runtime.models import Turn
 from tests.conftest import wait_for
+from tests.endpoints.chains import started_in_a_finish
 from tickets.admission import admit_ticket
 from tickets.models import TERMINAL_STATES, Ticket, TicketEvent
 
@@ -37,8 +40,9 @@ PER_ADMITTER = 40
 WORKERS = 3
 
 
+@pytest.mark.parametrize("chain", [False, True], ids=["message-per-turn", "finish-starts-next"])
 def test_no_committed_ticket_is_left_without_a_dispatch_and_none_starts_twice(
-    make_endpoint, settings
+    make_endpoint, settings, chain
 ):
     settings.DISPATCHER_POLL_S = 600.0  # past the deadline: only notifications wake it
     for i in range(ENDPOINTS):
@@ -75,7 +79,14 @@ def test_no_committed_ticket_is_left_without_a_dispatch_and_none_starts_twice(
             except queue.Empty:
                 continue
             close_old_connections()
-            runtime.run_ticket(ticket_id=uuid.UUID(ticket_id))
+            if chain:
+                runtime.run_ticket(
+                    ticket_id=uuid.UUID(ticket_id),
+                    celery_task_id=f"task-{uuid.uuid4()}",
+                    keep_going=lambda: True,
+                )
+            else:
+                runtime.run_ticket(ticket_id=uuid.UUID(ticket_id))
 
     dispatchers = [Dispatcher(name=f"d{i}") for i in range(2)]
     with mock.patch("config.celery.app.send_task", side_effect=send_task):
@@ -122,6 +133,10 @@ def test_no_committed_ticket_is_left_without_a_dispatch_and_none_starts_twice(
     assert len(turns) == total and set(turns.values()) == {1}
     starts = TicketEvent.objects.filter(ticket__in=tickets, kind="turn_started").count()
     assert starts == total
+    if chain:
+        # Backlogs formed, and finishes started turns.
+        assert started_in_a_finish(tickets.values_list("id", flat=True))
+        return
     # A message names a ticket but starts its endpoint's oldest queued one, so
     # a ticket can start on another's message and never need its own (an
     # older id whose admission committed after a newer one was published:

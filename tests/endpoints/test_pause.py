@@ -242,8 +242,8 @@ def test_the_dispatcher_leaves_a_paused_endpoint_alone_and_serves_it_on_resume(
 
 def test_a_release_while_paused_keeps_the_next_ticket_marked(make_endpoint, owner):
     """The running turn finishes after the pause: the release hands the next
-    ticket to nobody (no hand-on, no publish); it keeps its mark for the
-    dispatcher's pass after the resume."""
+    ticket to nobody (no turn started in the finish, no publish); it keeps
+    its mark for the dispatcher's pass after the resume."""
     make_endpoint("paused-release", owners=[owner.username])
     first = admit_ticket(endpoint="paused-release", input={"i": 1}).ticket
     started = runtime.start_turn(ticket_id=first.id)
@@ -254,9 +254,10 @@ def test_a_release_while_paused_keeps_the_next_ticket_marked(make_endpoint, owne
         seq=started.turn.seq,
         outcome=Outcome.success({}),
         source="worker",
-        hand_on=True,
+        start_next=True,
+        celery_task_id="paused-release-task",
     )
-    assert done.accepted and done.next_ticket is None
+    assert done.accepted and done.started is None
     t = Ticket.objects.get(id=second.id)
     assert t.state == "queued" and t.needs_dispatch
     _resume("paused-release", owner)
