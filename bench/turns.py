@@ -35,7 +35,9 @@ Redis (benchlib.cpu_seconds): a figure that does not move with how busy the
 machine is, as a rate does, and says which part a change made dearer.
 
 The run also counts the database round trips of one turn (run in this
-process, publishing off), and with ``--profile`` prints the statements and a
+process, publishing off), and of a turn of a backlog one task runs in this
+process as a worker's task does (each finish starting the next turn,
+``--backlog-turns``), and with ``--profile`` prints the statements and a
 cProfile of a few turns.
 """
 
@@ -69,6 +71,8 @@ PROBE = "bench.turns-probe"
 PROBE_ISO = "bench.turns-probe-iso"
 # A backlog on one endpoint, and turns on another beside it.
 HOT, QUIET = "bench.turns-hot", "bench.turns-quiet"
+# A backlog one task runs in this process.
+BACKLOG = "bench.turns-backlog"
 
 
 def endpoint_address(i: int, isolated: bool = False) -> str:
@@ -225,6 +229,7 @@ def probe_turns(
         ]
         run_ticket(ticket_id=ids[0], celery_task_id=str(uuid.uuid4()))  # warm
         clock = _DbClock(connection)
+        cpu = benchlib.cpu_seconds()
         started = time.perf_counter()
         with (
             connection.execute_wrapper(clock),
@@ -233,6 +238,7 @@ def probe_turns(
             for ticket_id in ids[1:-1]:
                 run_ticket(ticket_id=ticket_id, celery_task_id=str(uuid.uuid4()))
         wall = (time.perf_counter() - started) / (turns - 2)
+        cpu = _cpu_per_turn(cpu, turns - 2)
         with CaptureQueriesContext(connection) as captured:
             run_ticket(ticket_id=ids[-1], celery_task_id=str(uuid.uuid4()))
     sqls = [q["sql"] for q in captured.captured_queries]
@@ -248,6 +254,58 @@ def probe_turns(
         "in_statements_ms": round(clock.statement_s / per * 1e3, 2),
         "in_commit_ms": round(clock.commit_s / per * 1e3, 2),
         "commits": round(clock.commits / per, 1),
+        "cpu_ms": cpu,
+    }
+
+
+def _cpu_per_turn(before: dict[str, float], turns: int) -> dict[str, float]:
+    """CPU ms per turn of this process (the worker's part) and of PostgreSQL
+    since ``before``: what a turn costs, whatever else the machine did."""
+    per = benchlib.cpu_ms_per_unit(before, benchlib.cpu_seconds(), turns)
+    return {"worker": per["bench"], "postgres": per["postgres"]}
+
+
+def probe_backlog(turns: int, tag: str = "backlog") -> dict:
+    """A backlog of ``turns`` tickets on one endpoint, run by one task in this
+    process as a worker's task runs it (``keep_going``: each finish starts
+    the next turn), publishing off: ms, statements and COMMITs per turn."""
+    from django.db import connection
+    from django.test.utils import override_settings
+
+    from config.celery import app
+    from runtime.turns import run_ticket
+    from tickets.admission import admit_ticket
+    from tickets.models import Ticket
+
+    with (
+        mock.patch.object(app, "send_task", lambda *a, **kw: None),
+        quiet_logs(),
+        override_settings(TURN_CHAIN_MAX=turns + 1, TURN_CHAIN_WINDOW_S=3600.0),
+    ):
+        ids = [
+            admit_ticket(endpoint=BACKLOG, input={"i": i}, dedupe_key=f"{tag}-{i}").ticket.id
+            for i in range(turns)
+        ]
+        clock = _DbClock(connection)
+        cpu = benchlib.cpu_seconds()
+        started = time.perf_counter()
+        with (
+            connection.execute_wrapper(clock),
+            mock.patch.object(connection, "commit", clock.commit),
+        ):
+            run_ticket(ticket_id=ids[0], celery_task_id=str(uuid.uuid4()), keep_going=lambda: True)
+        wall = time.perf_counter() - started
+        cpu = _cpu_per_turn(cpu, turns)
+    done = Ticket.objects.filter(id__in=ids, state="succeeded").count()
+    if done != turns:
+        raise SystemExit(f"the backlog probe finished {done} of {turns} tickets")
+    return {
+        "turns": turns,
+        "turn_ms": round(wall / turns * 1e3, 2),
+        "statements": round(clock.statements / turns, 2),
+        "in_statements_ms": round(clock.statement_s / turns * 1e3, 2),
+        "commits": round(clock.commits / turns, 2),
+        "cpu_ms": cpu,
     }
 
 
@@ -332,6 +390,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print a turn's SQL and cProfile")
     parser.add_argument("--latency-probes", type=int, default=40, help="dispatch latency samples")
     parser.add_argument("--backlog", type=int, default=5000, help="queued beside the last probe")
+    parser.add_argument(
+        "--backlog-turns", type=int, default=200, help="one endpoint's backlog one task runs"
+    )
     parser.add_argument("--iso-turns", type=int, default=50, help="in-process turns per block")
     parser.add_argument("--keep", action="store_true", help="keep claimcheck_bench afterwards")
     args = parser.parse_args()
@@ -358,7 +419,7 @@ def main() -> None:
     for i in range(k):
         create_endpoint(address=endpoint_address(i), runner=runner)
         create_endpoint(address=endpoint_address(i, True), runner=isolated)
-    for address in (PROBE, HOT, QUIET):
+    for address in (PROBE, HOT, QUIET, BACKLOG):
         create_endpoint(address=address, runner=runner)
     create_endpoint(address=PROBE_ISO, runner=isolated)
     # History on an endpoint of its own: the turn's queries go by ticket id,
@@ -413,6 +474,7 @@ def main() -> None:
     try:
         # With the workers gone: no dispatcher publishes the probe's tickets.
         queries = probe_turns(show=args.profile)
+        backlog = probe_backlog(max(10, args.backlog_turns))
         beside = probe_beside_backlog(min(args.backlog, 50_000))
         in_process = probe_isolation(max(1, min(args.iso_turns, 1000)))
         if args.profile:
@@ -460,6 +522,14 @@ def main() -> None:
         f"{queries['in_commit_ms']:.1f} ms on {queries['commits']:g} COMMITs; the rest is Python"
     )
     print(
+        f"a backlog of {backlog['turns']} run by one task in this process: "
+        f"{backlog['turn_ms']:.1f} ms per turn ({backlog['turn_ms'] / queries['turn_ms']:.2f}x "
+        f"the turn above), {backlog['statements']:g} statements per turn, "
+        f"{backlog['in_statements_ms']:.1f} ms of it in SQL; CPU per turn: this process "
+        f"{backlog['cpu_ms']['worker']:.2f} ms, PostgreSQL {backlog['cpu_ms']['postgres']:.2f} ms "
+        f"(one turn above: {queries['cpu_ms']['worker']:.2f}, {queries['cpu_ms']['postgres']:.2f})"
+    )
+    print(
         f"one turn beside another endpoint's backlog of {args.backlog:,}: "
         f"{beside['turn_ms']:.1f} ms ({beside['turn_ms'] / queries['turn_ms']:.2f}x the turn "
         f"above), {beside['in_statements_ms']:.1f} ms of it in SQL"
@@ -503,6 +573,7 @@ def main() -> None:
         },
         "turn_queries": queries,
         "beside_backlog": {"backlog": args.backlog, **beside},
+        "backlog_in_process": backlog,
         "messages_per_ticket": messages_per_ticket,
         "dispatch_latency": latency,
         "not_succeeded": failed,
