@@ -33,7 +33,15 @@ from ..models import ContextEntry, EndpointLock, Turn, TurnState
 from ..ports import case_keeper
 from ..runners import Outcome
 from .dispatch import publish_next, redispatch_if_free
-from .start import Credentials, Started, start_params, started_by, started_columns, started_from
+from .start import (
+    Credentials,
+    Started,
+    report_started,
+    start_params,
+    started_by,
+    started_columns,
+    started_from,
+)
 
 log = logging.getLogger(__name__)
 
@@ -410,6 +418,8 @@ def _answer(
             turn.ticket_id,
             written.ticket_state,
         )
+        if started is not None:
+            report_started(started)
         return Finished(
             accepted=True, ticket_state=written.ticket_state, duplicate=True, started=started
         )
@@ -437,6 +447,8 @@ def _answer(
     log.info(
         "turn %s seq %s finished: ticket %s %s", turn.id, seq, turn.ticket_id, written.ticket_state
     )
+    if written.started is not None:  # after the lines about the turn that ended
+        report_started(written.started)
     return Finished(
         accepted=True,
         ticket_state=written.ticket_state,

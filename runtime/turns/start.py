@@ -118,9 +118,7 @@ _START_SQL = (
 
 def started_from(row: tuple, credentials: Credentials, *, began: float) -> Started | None:
     """The turn a start statement returned (its endpoint, turn and ticket
-    columns, ``started_columns``), or None when it started none; its
-    ``turn_started`` transition reported (in autocommit the statement has
-    committed, so the metrics count at once)."""
+    columns, ``started_columns``), or None when it started none."""
     if row is None or row[len(_PARTS[0][1])] is None:  # no turn id: none started
         return None
     loaded, at = [], 0
@@ -129,14 +127,6 @@ def started_from(row: tuple, credentials: Credentials, *, began: float) -> Start
         at += len(names)
     endpoint, turn, ticket = loaded
     turn.endpoint, turn.ticket, ticket.turn = endpoint, ticket, turn
-    observe.transition(
-        ticket_id=ticket.id,
-        expected=TicketState.QUEUED,
-        to=TicketState.RUNNING,
-        kind="turn_started",
-        turn_id=turn.id,
-        fields={"turn": turn},
-    )
     return Started(
         turn=turn,
         ticket=ticket,
@@ -144,6 +134,19 @@ def started_from(row: tuple, credentials: Credentials, *, began: float) -> Start
         token=credentials.token,
         slot_recorded=credentials.slot is not None,
         began=began,
+    )
+
+
+def report_started(started: Started) -> None:
+    """The ``turn_started`` transition's metrics (counted at commit) and the
+    log context of the turn from here on."""
+    observe.transition(
+        ticket_id=started.ticket.id,
+        expected=TicketState.QUEUED,
+        to=TicketState.RUNNING,
+        kind="turn_started",
+        turn_id=started.turn.id,
+        fields={"turn": started.turn},
     )
 
 
@@ -180,7 +183,10 @@ def start_turn(
     with call_cursor() as cur:
         cur.execute(_START_SQL, [ticket_id, *start_params(credentials)])
         row = cur.fetchone()
-    return started_from(row, credentials, began=began)
+    started = started_from(row, credentials, began=began)
+    if started is not None:
+        report_started(started)
+    return started
 
 
 def start_params(credentials: Credentials) -> list[Any]:
