@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -267,6 +268,9 @@ class Processes:
         # cluster, see tests/pgcluster.py).
         self.env = env or {}
         self.procs: dict[str, subprocess.Popen] = {}
+        # Where each log begins for the test at hand (a shared worker's log
+        # holds the tests before it too).
+        self.log_start: dict[str, int] = {}
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
         with open(self.tmp / f"{name}.log", "ab") as log:  # the child keeps its own copy
@@ -349,8 +353,13 @@ class Processes:
         self.worker(embedded_beat=True)
 
     def log(self, name: str) -> bytes:
+        """What process ``name`` logged during the test at hand."""
         path = self.tmp / f"{name}.log"
-        return path.read_bytes() if path.exists() else b""
+        return path.read_bytes()[self.log_start.get(name, 0) :] if path.exists() else b""
+
+    def alive(self, name: str) -> bool:
+        proc = self.procs.get(name)
+        return proc is not None and proc.poll() is None
 
     def runs(self, name: str, *tasks: str) -> int:
         """How many runs of ``tasks`` process ``name`` has logged as done
@@ -466,26 +475,200 @@ def broker_queue_length(queue: str) -> int:
 PROCESS_MARKERS = ("integration", "browser", "faults", "multihost")
 
 
-@pytest.fixture
-def celery_procs(request, transactional_db, tmp_path):
-    """Start-your-own real Celery processes against the test database."""
+def _starts_processes(request) -> None:
     if not any(request.node.get_closest_marker(m) for m in PROCESS_MARKERS):
         pytest.fail(
             f"{request.node.nodeid} starts Celery processes: mark it integration",
             pytrace=False,
         )
+
+
+@pytest.fixture
+def celery_procs(request, transactional_db, tmp_path):
+    """Start-your-own real Celery processes against the test database: for a
+    test that kills, restarts or configures them."""
+    _starts_processes(request)
     purge_broker()
     procs = Processes(tmp_path)
     yield procs
     procs.stop_all()
 
 
+class SharedWorker:
+    """The ``worker`` fixture's worker: one per xdist worker, started by the
+    first test that asks for it and kept for the next ones, so each of them
+    does not pay a worker's start.
+
+    Between those tests it must not act: every other test shares its
+    database and expects no consumer, no dispatcher and no sweeps. So it has
+    a Redis database of its own (the test process publishes there while a
+    ``worker`` test runs), and after its test its whole process group is
+    stopped (SIGSTOP) once none of its database sessions is inside a
+    transaction (a stopped transaction would hold its locks through the
+    flush and the tests after it), and continued (SIGCONT) by the next test
+    that asks for it. It is started again when the environment a test would
+    give it differs (a test that set a variable for it), and killed after a
+    test that failed or left work in the ledger (a turn running, a ticket not
+    yet terminal): the next test then starts a fresh one."""
+
+    NAME = "turns"
+
+    def __init__(self, tmp: Path):
+        self.procs = Processes(tmp)
+        self.env: dict[str, str] | None = None
+        self.stopped = False
+        self.starts = 0
+        self.broker = _shared_broker_url()
+        self.own_broker = ""
+
+    def ready(self) -> Processes:
+        self.own_broker = settings.CELERY_BROKER_URL
+        _use_broker(self.broker)
+        # What it would be started with (pytest names the test at hand in
+        # PYTEST_CURRENT_TEST: no difference that matters to a worker).
+        env = {k: v for k, v in _test_env().items() if k != "PYTEST_CURRENT_TEST"}
+        if self.env != env or not self.procs.alive(self.NAME):
+            self.kill()
+            self.procs.worker_and_beat()
+            self.env = env
+            self.starts += 1
+        else:
+            self._continue()
+            # The flush after its last test emptied the registry: this worker
+            # as it registered itself at start (runtime.worker._register).
+            from runtime import registry
+
+            registry.register_worker(
+                name=f"{self.NAME}@{socket.gethostname()}",
+                host=socket.gethostname(),
+                pid=self.procs.procs[self.NAME].pid,
+                queues=["control", "turns"],
+                pool_size=3,
+            )
+        # Its log from here on is this test's.
+        path = self.procs.tmp / f"{self.NAME}.log"
+        self.procs.log_start[self.NAME] = path.stat().st_size if path.exists() else 0
+        return self.procs
+
+    def after(self, request) -> None:
+        try:
+            report = getattr(request.node, "rep_call", None)
+            if report is None or report.failed or not _ledger_at_rest() or not self._stop():
+                self.kill()
+        finally:
+            _use_broker(self.own_broker)
+
+    def _stop(self) -> bool:
+        """SIGSTOP the worker's process group at a moment when none of its
+        database sessions is inside a transaction; False if none came."""
+        group = self.procs.procs[self.NAME].pid
+
+        def stopped_at_rest() -> bool:
+            os.killpg(group, signal.SIGSTOP)
+            if not _other_sessions(busy=True):
+                return True
+            os.killpg(group, signal.SIGCONT)
+            return False
+
+        try:
+            wait_for(stopped_at_rest, timeout=10, interval=0.02, message="the worker at rest")
+        except AssertionError:
+            return False
+        self.stopped = True
+        return True
+
+    def _continue(self) -> None:
+        if self.stopped:
+            os.killpg(self.procs.procs[self.NAME].pid, signal.SIGCONT)
+            self.stopped = False
+
+    def kill(self) -> bool:
+        """Kill it (SIGKILL reaches a stopped process too); whether it ran."""
+        ran = bool(self.procs.procs)
+        self.procs.stop_all()
+        self.env = None
+        self.stopped = False
+        return ran
+
+
+def _shared_broker_url() -> str:
+    """A Redis database for the shared worker, 8 below this xdist worker's."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(settings.CELERY_BROKER_URL)
+    own = (int(parts.path.strip("/") or 0) - 8) % 16
+    return urlunsplit(parts._replace(path=f"/{own}"))
+
+
+def _use_broker(url: str) -> None:
+    """The broker this process publishes to and reads from, from now on."""
+    from config.celery import app
+
+    settings.CELERY_BROKER_URL = url
+    app.conf.update(broker_url=url, broker_read_url=url, broker_write_url=url)
+    # The app's connection and producer pools, taken again from kombu's
+    # registry of pools by URL (which keeps each URL's pool open for the
+    # next switch back).
+    app._pool = None
+    app.amqp._producer_pool = None
+
+
+def _other_sessions(busy: bool = False) -> int:
+    """How many sessions of the test database other than this one there are
+    (``busy``: running a statement or inside a transaction)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            + (" AND state IS DISTINCT FROM 'idle'" if busy else "")
+        )
+        return cur.fetchone()[0]
+
+
+def _ledger_at_rest() -> bool:
+    """No turn running and every ticket terminal or waiting: nothing a
+    worker could still be writing while the flush empties the tables."""
+    from runtime.models import TURN_ACTIVE_STATES, Turn
+    from tickets.models import Ticket, TicketState
+
+    busy = (TicketState.QUEUED, TicketState.RUNNING, TicketState.RECOVERING)
+    return (
+        not Turn.objects.filter(state__in=TURN_ACTIVE_STATES).exists()
+        and not Ticket.objects.filter(state__in=busy).exists()
+    )
+
+
+@pytest.fixture(scope="session")
+def _shared_worker(django_db_setup, tmp_path_factory, django_db_blocker):  # noqa: F811
+    # After the test database exists, so it is killed before the database is dropped.
+    shared = SharedWorker(tmp_path_factory.mktemp("shared-worker"))
+    yield shared
+    if shared.kill():
+        # Its sessions end before pytest-django drops the test database.
+        with django_db_blocker.unblock():
+            wait_for(lambda: not _other_sessions(), timeout=20, message="its sessions to end")
+            connection.close()
+
+
 @pytest.fixture
-def worker(celery_procs):
-    """One real worker (3 processes) on both queues, with beat embedded (0.5 s
-    sweeps)."""
-    celery_procs.worker_and_beat()
-    return celery_procs
+def worker(request, transactional_db, _shared_worker):
+    """A real worker (3 processes) on both queues, with beat embedded (0.5 s
+    sweeps), shared by the tests of this xdist worker that need only "a
+    worker" (``SharedWorker``); a test that kills, restarts or configures
+    one starts its own (``celery_procs``)."""
+    _starts_processes(request)
+    procs = _shared_worker.ready()
+    purge_broker()
+    yield procs
+    _shared_worker.after(request)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on its item (``rep_call``: did the test pass)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
 
 
 @pytest.fixture(autouse=True, scope="session")

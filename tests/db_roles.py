@@ -24,7 +24,7 @@ import contextlib
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.test import TransactionTestCase
 
 # The owner's credentials, once the in-process connections use the app role.
@@ -95,9 +95,17 @@ def _flush(conn) -> None:
         if table not in _KEPT
     ]
     quote = conn.ops.quote_name
-    with transaction.atomic(using=conn.alias), conn.cursor() as cur:
-        cur.execute("SELECT pg_catalog.set_config('claimcheck.pruning', 'on', true)")
-        cur.execute("; ".join(f"DELETE FROM {quote(table)}" for table in tables))
+    # A worker shared between tests (tests/conftest.py, SharedWorker) runs its
+    # sweeps meanwhile: a deadlock with one of them is tried again.
+    for attempt in range(3):
+        try:
+            with transaction.atomic(using=conn.alias), conn.cursor() as cur:
+                cur.execute("SELECT pg_catalog.set_config('claimcheck.pruning', 'on', true)")
+                cur.execute("; ".join(f"DELETE FROM {quote(table)}" for table in tables))
+            return
+        except OperationalError as exc:
+            if attempt == 2 or not isinstance(exc.__cause__, psycopg.errors.DeadlockDetected):
+                raise
 
 
 def _flush_as_owner(teardown):
