@@ -565,6 +565,8 @@ class SharedWorker:
 
         def stopped_at_rest() -> bool:
             os.killpg(group, signal.SIGSTOP)
+            # The signal is delivered as each process is next scheduled.
+            wait_for(lambda: _group_stopped(group), timeout=5, message="the group to stop")
             if not _other_sessions(busy=True):
                 return True
             os.killpg(group, signal.SIGCONT)
@@ -589,6 +591,20 @@ class SharedWorker:
         self.env = None
         self.stopped = False
         return ran
+
+
+def _group_stopped(group: int) -> bool:
+    """Whether every process of process group ``group`` is stopped (or dead)."""
+    import psutil
+
+    done = (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == group and proc.status() not in done:
+                return False
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return True
 
 
 def _shared_broker_url() -> str:
