@@ -331,6 +331,9 @@ REDISPATCH_AFTER_S = env.float("REDISPATCH_AFTER_S", default=10.0)
 # notification lost while its LISTEN connection was down.
 DISPATCHER_ENABLED = env.bool("DISPATCHER_ENABLED", default=True)
 DISPATCHER_POLL_S = env.float("DISPATCHER_POLL_S", default=1.0)
+# The least time between the starts of two passes: a burst of admissions,
+# each notifying, costs a pass per gap, not a pass each.
+DISPATCHER_MIN_GAP_S = max(0.0, env.float("DISPATCHER_MIN_GAP_S", default=0.005))
 DISPATCHER_BATCH = env.int("DISPATCHER_BATCH", default=500)
 # Largest request body the API reads (413 too_large above it, before the
 # body is read). Well above the ledger's own caps, which admission and the
