@@ -83,7 +83,7 @@ def _fair_share_off() -> None:
 
 
 def _own_broker_per_xdist_worker() -> None:
-    """Under pytest-xdist (`make test` runs two workers) each worker has its
+    """Under pytest-xdist (`make test` runs TEST_WORKERS of them) each worker has its
     own test database (pytest-django adds ``_gw0``, ``_gw1``) and here its own
     Redis database: gw0 keeps CELERY_BROKER_URL's, gwN takes the one N below.
     Tests purge their broker and start Celery processes on it; a shared one

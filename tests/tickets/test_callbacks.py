@@ -239,7 +239,7 @@ def test_the_pending_callback_sweep_reads_only_pending_callbacks(make_endpoint, 
     from tickets.admission import admit_ticket
 
     make_endpoint("many")
-    for i in range(600):  # a ledger of finished tickets, none owing a callback
+    for i in range(150):  # a ledger of finished tickets, none owing a callback
         ticket = admit_ticket(endpoint="many", input={"i": i}).ticket
         runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="history")
     owner_cursor.execute("ANALYZE tickets_ticket")  # the application role may not
