@@ -664,6 +664,10 @@ def _shared_worker(django_db_setup, tmp_path_factory, django_db_blocker):  # noq
         with django_db_blocker.unblock():
             wait_for(lambda: not _other_sessions(), timeout=20, message="its sessions to end")
             connection.close()
+        import redis
+
+        with redis.Redis.from_url(shared.broker) as client:  # its broker database left empty
+            client.flushdb()
 
 
 @pytest.fixture
