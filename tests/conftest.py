@@ -560,7 +560,9 @@ class SharedWorker:
 
     def _stop(self) -> bool:
         """SIGSTOP the worker's process group at a moment when none of its
-        database sessions is inside a transaction; False if none came."""
+        database sessions is inside a transaction or holds an advisory lock
+        (a sweep's: every other worker's sweeps would skip while it is
+        stopped); False if none came."""
         group = self.procs.procs[self.NAME].pid
 
         def stopped_at_rest() -> bool:
@@ -631,12 +633,17 @@ def _use_broker(url: str) -> None:
 
 def _other_sessions(busy: bool = False) -> int:
     """How many sessions of the test database other than this one there are
-    (``busy``: running a statement or inside a transaction)."""
+    (``busy``: running a statement, inside a transaction, or holding an
+    advisory lock, which the sweeps take for the session: runtime/turns/sweeplock.py)."""
+    busy_only = (
+        " AND (state IS DISTINCT FROM 'idle' OR pid IN"
+        " (SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory'))"
+    )
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
             " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-            + (" AND state IS DISTINCT FROM 'idle'" if busy else "")
+            + (busy_only if busy else "")
         )
         return cur.fetchone()[0]
 

@@ -288,7 +288,11 @@ def test_recommended_topology_behind_pgbouncer_in_transaction_mode(
             timeout=15,
             message="the sweeps to run",
         )
-        held = "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        # This test's database only: pg_locks shows the whole cluster's.
+        held = (
+            "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         wait_for(lambda: not _sql(held), timeout=5, message="no advisory lock held")
     finally:
         http.close()
