@@ -504,8 +504,9 @@ class SharedWorker:
     a Redis database of its own (the test process publishes there while a
     ``worker`` test runs), and after its test its whole process group is
     stopped (SIGSTOP) once none of its database sessions is inside a
-    transaction (a stopped transaction would hold its locks through the
-    flush and the tests after it), and continued (SIGCONT) by the next test
+    transaction or holds a sweep's advisory lock (a stopped one would hold
+    its locks through the flush and the tests after it), and continued
+    (SIGCONT) by the next test
     that asks for it. It is started again when the environment a test would
     give it differs (a test that set a variable for it), and killed after a
     test that failed or left work in the ledger (a turn running, a ticket not
@@ -517,7 +518,6 @@ class SharedWorker:
         self.procs = Processes(tmp)
         self.env: dict[str, str] | None = None
         self.stopped = False
-        self.starts = 0
         self.broker = _shared_broker_url()
         self.own_broker = ""
 
@@ -531,7 +531,6 @@ class SharedWorker:
             self.kill()
             self.procs.worker_and_beat()
             self.env = env
-            self.starts += 1
         else:
             self._continue()
             # The flush after its last test emptied the registry: this worker
