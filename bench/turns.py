@@ -228,17 +228,10 @@ def probe_turns(
             for i in range(turns)
         ]
         run_ticket(ticket_id=ids[0], celery_task_id=str(uuid.uuid4()))  # warm
-        clock = _DbClock(connection)
-        cpu = benchlib.cpu_seconds()
-        started = time.perf_counter()
-        with (
-            connection.execute_wrapper(clock),
-            mock.patch.object(connection, "commit", clock.commit),
-        ):
+        with _measured(connection, turns - 2) as m:
             for ticket_id in ids[1:-1]:
                 run_ticket(ticket_id=ticket_id, celery_task_id=str(uuid.uuid4()))
-        wall = (time.perf_counter() - started) / (turns - 2)
-        cpu = _cpu_per_turn(cpu, turns - 2)
+        clock, wall, cpu = m.clock, m.wall / (turns - 2), m.cpu
         with CaptureQueriesContext(connection) as captured:
             run_ticket(ticket_id=ids[-1], celery_task_id=str(uuid.uuid4()))
     sqls = [q["sql"] for q in captured.captured_queries]
@@ -258,11 +251,29 @@ def probe_turns(
     }
 
 
-def _cpu_per_turn(before: dict[str, float], turns: int) -> dict[str, float]:
-    """CPU ms per turn of this process (the worker's part) and of PostgreSQL
-    since ``before``: what a turn costs, whatever else the machine did."""
-    per = benchlib.cpu_ms_per_unit(before, benchlib.cpu_seconds(), turns)
-    return {"worker": per["bench"], "postgres": per["postgres"]}
+class _Measured:
+    clock: _DbClock
+    wall: float = 0.0  # seconds
+    cpu: dict[str, float] | None = None  # ms per turn: this process ("worker"), PostgreSQL
+
+
+@contextmanager
+def _measured(connection, turns: int):
+    """The block's SQL statements and COMMITs (``_DbClock``), its wall time,
+    and the CPU per turn of this process (the worker's part) and of
+    PostgreSQL: what a turn costs, whatever else the machine did."""
+    m = _Measured()
+    m.clock = _DbClock(connection)
+    cpu = benchlib.cpu_seconds()
+    started = time.perf_counter()
+    with (
+        connection.execute_wrapper(m.clock),
+        mock.patch.object(connection, "commit", m.clock.commit),
+    ):
+        yield m
+    m.wall = time.perf_counter() - started
+    per = benchlib.cpu_ms_per_unit(cpu, benchlib.cpu_seconds(), turns)
+    m.cpu = {"worker": per["bench"], "postgres": per["postgres"]}
 
 
 def probe_backlog(turns: int, tag: str = "backlog") -> dict:
@@ -286,16 +297,9 @@ def probe_backlog(turns: int, tag: str = "backlog") -> dict:
             admit_ticket(endpoint=BACKLOG, input={"i": i}, dedupe_key=f"{tag}-{i}").ticket.id
             for i in range(turns)
         ]
-        clock = _DbClock(connection)
-        cpu = benchlib.cpu_seconds()
-        started = time.perf_counter()
-        with (
-            connection.execute_wrapper(clock),
-            mock.patch.object(connection, "commit", clock.commit),
-        ):
+        with _measured(connection, turns) as m:
             run_ticket(ticket_id=ids[0], celery_task_id=str(uuid.uuid4()), keep_going=lambda: True)
-        wall = time.perf_counter() - started
-        cpu = _cpu_per_turn(cpu, turns)
+        clock, wall, cpu = m.clock, m.wall, m.cpu
     done = Ticket.objects.filter(id__in=ids, state="succeeded").count()
     if done != turns:
         raise SystemExit(f"the backlog probe finished {done} of {turns} tickets")

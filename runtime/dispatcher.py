@@ -39,7 +39,7 @@ class Dispatcher(threading.Thread):
         self.listening = threading.Event()  # set once LISTEN is in place
         self.rounds = 0  # passes made
         self.passes = 0  # passes that published something
-        self.began: list[float] = []  # when the last passes began (monotonic), newest last
+        self.last_began = 0.0  # when the last pass began (monotonic)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -72,7 +72,7 @@ class Dispatcher(threading.Thread):
                 # during the pass wakes the next one.
                 close_old_connections()
                 began = time.monotonic()
-                self.began = [*self.began[-9:], began]
+                self.last_began = began
                 self.rounds += 1
                 if turns.dispatch_owed():
                     self.passes += 1

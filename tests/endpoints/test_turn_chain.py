@@ -26,6 +26,18 @@ def _backlog(make_endpoint, address: str, n: int) -> list:
     return [admit_ticket(endpoint=address, input={"i": i}).ticket.id for i in range(n)]
 
 
+def _finishing(started, task: str) -> dict:
+    """A worker's finish of ``started`` that starts the endpoint's next turn."""
+    return dict(
+        turn_id=started.turn.id,
+        seq=started.turn.seq,
+        outcome=Outcome.success({"i": 0}),
+        source="worker",
+        start_next=True,
+        celery_task_id=task,
+    )
+
+
 def _states(ids) -> list[str]:
     states = dict(Ticket.objects.filter(id__in=ids).values_list("id", "state"))
     return [states[i] for i in ids]
@@ -118,14 +130,7 @@ def test_a_finish_starts_the_oldest_queued_ticket_and_marks_the_one_it_was_for(m
     started = runtime.start_turn(ticket_id=ids[0], celery_task_id="task-fifo")
     # As if the dispatcher had published ids[1]: unmarked, its message in flight.
     Ticket.objects.filter(id=ids[1]).update(needs_dispatch=False)
-    done = runtime.finish_turn(
-        turn_id=started.turn.id,
-        seq=started.turn.seq,
-        outcome=Outcome.success({"i": 0}),
-        source="worker",
-        start_next=True,
-        celery_task_id="task-fifo",
-    )
+    done = runtime.finish_turn(**_finishing(started, "task-fifo"))
     assert done.accepted and done.started is not None
     assert done.started.ticket.id == ids[1] and done.started.ticket.state == "running"
     assert done.started.turn.seq == started.turn.seq + 1
@@ -146,14 +151,7 @@ def test_a_finish_retried_after_a_lost_reply_runs_the_turn_it_started(make_endpo
     purge_broker()
     ids = _backlog(make_endpoint, "chain.lost", 2)
     started = runtime.start_turn(ticket_id=ids[0], celery_task_id="task-lost")
-    finish = dict(
-        turn_id=started.turn.id,
-        seq=started.turn.seq,
-        outcome=Outcome.success({"i": 0}),
-        source="worker",
-        start_next=True,
-        celery_task_id="task-lost",
-    )
+    finish = _finishing(started, "task-lost")
     first = runtime.finish_turn(**finish)
     again = runtime.finish_turn(**finish)
     assert again.duplicate and again.started is not None
