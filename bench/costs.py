@@ -63,8 +63,11 @@ ADDRESS = "bench.costs"
 HOME = "bench.costs-home"
 ROOTS = "bench.costs-roots"
 WALDUMP = "/usr/lib/postgresql/15/bin/pg_waldump"
+RELATIONS_SHOWN = 25
 OPERATIONS = ["admission", "turn", "turn_with_callback", "turn_with_webhook", "delivery"]
 RECORD = re.compile(r"len \(rec/tot\):\s*(\d+)/\s*(\d+), tx:\s*(\d+),.*?desc: (\S+)(.*)$")
+# A record's first block reference: the relation (its filenode) it writes.
+BLOCK_REF = re.compile(r"rel \d+/(\d+)/(\d+)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -91,6 +94,8 @@ def wal_of_database(start: str, end: str, dboid: int, wal_dir: str) -> dict[str,
     mine: set[str] = set()
     commits: list[tuple[str, int]] = []
     total = fpi_records = fpi_bytes = records = 0
+    # Bytes without full-page images by the filenode a record writes first.
+    by_node: dict[int, int] = {}
     for line in out.splitlines():
         m = RECORD.search(line)
         if not m:
@@ -104,9 +109,14 @@ def wal_of_database(start: str, end: str, dboid: int, wal_dir: str) -> dict[str,
         mine.add(tx)
         records += 1
         total += tot
-        if "FPW" in rest:
+        fpi = tot - rec if "FPW" in rest else 0
+        if fpi:
             fpi_records += 1
-            fpi_bytes += tot - rec
+            fpi_bytes += fpi
+        ref = BLOCK_REF.search(rest)
+        if ref and ref[1] == str(dboid):
+            node = int(ref[2])
+            by_node[node] = by_node.get(node, 0) + tot - fpi
     commit_records = [tot for tx, tot in commits if tx in mine]
     total += sum(commit_records)
     return {
@@ -115,7 +125,29 @@ def wal_of_database(start: str, end: str, dboid: int, wal_dir: str) -> dict[str,
         "records": records + len(commit_records),
         "fpi": fpi_records,
         "commit_records": len(commit_records),
+        "by_node": by_node,
     }
+
+
+def relation_names(db) -> dict[int, str]:
+    """Filenode -> relation name (tables, indexes, TOAST) of the database."""
+    return {
+        node: name
+        for node, name in db.execute(
+            "SELECT pg_relation_filenode(c.oid), c.relname FROM pg_class c "
+            "WHERE pg_relation_filenode(c.oid) IS NOT NULL"
+        ).fetchall()
+    }
+
+
+def print_relations(label: str, by_node: dict[int, int], names: dict[int, str], n: int) -> None:
+    """The relations whose WAL (without full-page images) makes up an
+    operation's, most first: where its writes go, index by index."""
+    total = sum(by_node.values()) or 1
+    print(f"  WAL by relation, {label} (bytes per operation, no full-page images):")
+    for node, size in sorted(by_node.items(), key=lambda kv: -kv[1])[:RELATIONS_SHOWN]:
+        name = names.get(node, f"filenode {node}")
+        print(f"    {name:<48}{size / n:9.0f}  {100 * size / total:5.1f} %")
 
 
 class Receiver:
@@ -266,13 +298,20 @@ def measure(
         "worker_cpu_ms": cpu_worker * 1e3 / n,
         "wall_ms": wall * 1e3 / n,
     }
-    return {k: round(v, 3) for k, v in per.items()}
+    out = {k: round(v, 3) for k, v in per.items()}
+    out["by_node"] = wal["by_node"]
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=500, help="operations of each kind")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--by-relation",
+        action="store_true",
+        help="also print each operation's WAL by table and index",
+    )
     args = parser.parse_args()
     n = max(50, min(args.n, 5000))
     benchlib.start_wall_clock()
@@ -325,6 +364,7 @@ def main() -> None:
             ).fetchall():
                 db.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
             db.execute("VACUUM ANALYZE")
+            names = relation_names(db)
         logging.disable(logging.INFO)
 
         def send_task(name, *a, **kw):
@@ -344,7 +384,10 @@ def main() -> None:
             start = len(published)
             results[label] = measure(label, len(timed), call, timed, mon, listener, dboid, wal_dir)
             results[label]["broker_messages"] = round((len(published) - start) / len(timed), 3)
+            by_node = results[label].pop("by_node")
             print(f"  {label}: {json.dumps(results[label])}", flush=True)
+            if args.by_relation:
+                print_relations(label, by_node, names, len(timed))
 
         with mock.patch.object(app, "send_task", send_task):
             tag = uuid.uuid4().hex[:8]

@@ -105,8 +105,14 @@ class Ticket(models.Model):
     error = models.JSONField(null=True, blank=True)
     artifacts = models.JSONField(default=list, blank=True)
     # The exact turn registered for this ticket: the only one that may answer it.
+    # Indexed only once set (ticket_turn_idx, Meta): a queued ticket costs no entry.
     turn = models.ForeignKey(
-        "runtime.Turn", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "runtime.Turn",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
     )
     # A waiting ticket completed by a callback's turn is attributed to that turn.
     completed_by_turn = models.ForeignKey(
@@ -152,13 +158,22 @@ class Ticket(models.Model):
     # A per-ticket turn budget in seconds, at most the endpoint's (a retry
     # may ask for less): the turn's deadline is the smaller of the two.
     budget_s = models.PositiveIntegerField(null=True, blank=True)
-    # For a callback ticket: the ticket whose completion it reports.
-    callback_for = models.OneToOneField(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="callback_ticket"
+    # For a callback ticket: the ticket whose completion it reports. At most
+    # one per ticket: the partial unique constraint ticket_callback_for_unique
+    # (Meta), which indexes only the callback tickets (a one-to-one field's
+    # unique index held a NULL entry for every other ticket, in every version).
+    callback_for = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
     )
     requester = models.JSONField(default=dict, blank=True)
     # Who may see the ticket (with the endpoint's owners and staff). No
-    # single-column index: ticket_submitter_id_idx leads with it.
+    # single-column index: ticket_submitter_id_idx leads with it, and holds
+    # only the tickets that have one (the runtime's own admissions have none).
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -229,6 +244,11 @@ class Ticket(models.Model):
                 condition=Q(budget_s__isnull=True) | Q(budget_s__gte=1),
                 name="ticket_budget_s_positive",
             ),
+            models.UniqueConstraint(
+                fields=["callback_for"],
+                name="ticket_callback_for_unique",
+                condition=Q(callback_for__isnull=False),
+            ),
         ]
         indexes = [
             # Keyset pagination, newest first (ids are time-ordered).
@@ -251,7 +271,13 @@ class Ticket(models.Model):
             # A submitter's own tickets, newest first: the visibility filter of
             # a caller who owns no endpoint is this index's prefix, so their
             # ticket list stays one ordered index scan (tickets.selectors).
-            models.Index(fields=["submitted_by", "-id"], name="ticket_submitter_id_idx"),
+            # Partial: a ticket the runtime admitted (a child, a callback, a
+            # re-run) has no submitter and costs no entry.
+            models.Index(
+                fields=["submitted_by", "-id"],
+                name="ticket_submitter_id_idx",
+                condition=Q(submitted_by__isnull=False),
+            ),
             # Dispatch: the oldest queued ticket of an endpoint, and the
             # lost-dispatch sweep. Partial: only queued rows are indexed.
             models.Index(
@@ -294,14 +320,24 @@ class Ticket(models.Model):
             # The same paths under the ticket's submitter and its endpoint,
             # ticket_search_scoped_idx, is tickets migration 0005's (an
             # expression with an operator class: SQL of its own).
-            # The rarely-set references: only the tickets that have one.
+            # The references a ticket may not have: only the tickets that
+            # have one (a queued ticket has no turn yet). A lookup by value
+            # (``turn_id = %s``, a foreign key's check) implies NOT NULL, so
+            # the partial index serves it.
             *[
                 models.Index(
                     fields=[field],
                     name=f"ticket_{field}_idx",
                     condition=Q(**{f"{field}__isnull": False}),
                 )
-                for field in ("parent", "rerun_of", "return_to", "completed_by_turn", "approved_by")
+                for field in (
+                    "turn",
+                    "parent",
+                    "rerun_of",
+                    "return_to",
+                    "completed_by_turn",
+                    "approved_by",
+                )
             ],
         ]
 
