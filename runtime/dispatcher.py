@@ -3,7 +3,8 @@
 Admission never talks to the broker. Its statement marks the new ticket
 ``needs_dispatch`` and calls ``pg_notify`` (delivered at commit); this thread
 LISTENs on that channel and, on every wake-up, runs one pass of
-``turns.dispatch_owed`` (one statement, then one batch of publishes).
+``turns.dispatch_owed`` (one statement, prepared on the listening session,
+then one batch of publishes).
 Without a notification it still makes a pass every ``DISPATCHER_POLL_S``
 (a notification sent while its LISTEN connection was down), and the lost-dispatch
 sweep stays the safety net for a message the broker loses.
@@ -74,7 +75,10 @@ class Dispatcher(threading.Thread):
                 began = time.monotonic()
                 self.last_began = began
                 self.rounds += 1
-                if turns.dispatch_owed():
+                # On the listening session: see turns.dispatch_owed. A
+                # notification that arrives while the statement runs waits in
+                # psycopg's backlog for the next notifies().
+                if turns.dispatch_owed(session=listener):
                     self.passes += 1
                 self._wait(listener, not_before=began + settings.DISPATCHER_MIN_GAP_S)
         finally:
