@@ -72,3 +72,26 @@ def test_a_pass_runs_on_the_listening_session_and_keeps_what_arrives_meanwhile(
             holder.close()
             dispatcher.stop()
             dispatcher.join(timeout=10)
+
+
+def test_the_pass_is_a_prepared_statement_of_the_session_it_is_given(make_endpoint):
+    """Planned once per session: with twenty endpoints queued a pass took
+    1.0-1.2 ms planned each time and 0.34-0.38 ms prepared. The session is
+    made as the dispatcher makes its own (Django's connection parameters,
+    whose cursor binds on the client and would prepare nothing)."""
+    from core.listen import connect_listener, listen_params
+    from runtime.turns import dispatch_owed
+
+    make_endpoint("session-prepared")
+    session = connect_listener(listen_params("claimcheck dispatcher"))
+    try:
+        with mock.patch("config.celery.app.send_task"):
+            for _ in range(3):
+                dispatch_owed(session=session)
+        plans = session.execute(
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%WITH RECURSIVE waiting%%'"
+        ).fetchall()
+    finally:
+        session.close()
+    assert plans == [(3,)], plans
