@@ -63,7 +63,7 @@ ADDRESS = "bench.costs"
 HOME = "bench.costs-home"
 ROOTS = "bench.costs-roots"
 WALDUMP = "/usr/lib/postgresql/15/bin/pg_waldump"
-RELATIONS_SHOWN = 25
+RELATIONS_SHOWN = 40
 OPERATIONS = ["admission", "turn", "turn_with_callback", "turn_with_webhook", "delivery"]
 RECORD = re.compile(r"len \(rec/tot\):\s*(\d+)/\s*(\d+), tx:\s*(\d+),.*?desc: (\S+)(.*)$")
 # A record's first block reference: the relation (its filenode) it writes.
