@@ -14,8 +14,11 @@ closes the DNS-rebinding window.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import os
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -200,14 +203,32 @@ class PinnedBackend(httpcore.NetworkBackend):
         time.sleep(seconds)
 
 
+@functools.lru_cache(maxsize=4)
+def _verifying_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    # httpx's own (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR, which
+    # it reads): the arguments only key the cache.
+    return httpx.create_ssl_context()
+
+
+def tls_context() -> ssl.SSLContext:
+    """The verifying TLS context of every outbound call, one per process and
+    CA setting: building one loads the CA bundle (21 ms of CPU here), and a
+    webhook attempt built two (the transport's and its pool's), most of its
+    67 ms of worker CPU (bench/costs.py). A context is safe to share between
+    threads and connections once configured, and nothing here configures it
+    after."""
+    return _verifying_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
 class PinnedTransport(httpx.HTTPTransport):
     """httpx's transport with its connection pool on ``PinnedBackend``.
     httpx takes no network backend of its own; httpcore's pool does."""
 
     def __init__(self, target: Target) -> None:
-        super().__init__()
+        context = tls_context()
+        super().__init__(verify=context)  # no context of its own to build
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
+            ssl_context=context,
             max_connections=1,
             network_backend=PinnedBackend(target.addresses),
         )

@@ -950,3 +950,36 @@ def test_https_to_a_pinned_address_keeps_sni_and_verifies_the_host(
         sent = delivery.send(delivery_id=Delivery.objects.get(ticket=bad).id)
     assert sent.status_code is None and "CERTIFICATE_VERIFY_FAILED" in sent.error
     assert len(tls_receiver.requests) == 1
+
+
+@RECEIVER
+def test_outbound_calls_share_one_tls_context_per_ca_setting(
+    api, make_endpoint, receiver, monkeypatch
+):
+    """Building a verifying TLS context loads the CA bundle (about 21 ms of
+    CPU): every webhook attempt built two. Now one per process and CA
+    setting: three attempts build none after the first, and a changed
+    SSL_CERT_FILE (which httpx reads) is honoured with a context of its own."""
+    import ssl
+
+    from core import outbound
+
+    make_endpoint("alpha")
+    hook = receiver(503, 503, then=204)
+    d = Delivery.objects.get(ticket=finish(admit(api, "alpha", hook.url)["id"]))
+    outbound._verifying_context.cache_clear()
+    built = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(
+        ssl, "create_default_context", lambda *a, **kw: built.append(kw) or real(*a, **kw)
+    )
+    ticket = drive(d.id, until={"delivered"})
+    assert ticket.delivery_state == "delivered" and len(hook.requests) == 3
+    assert len(built) == 1, built
+
+    import certifi
+
+    monkeypatch.setenv("SSL_CERT_FILE", certifi.where())
+    context = outbound.tls_context()
+    assert built[-1] == {"cafile": certifi.where()} and len(built) == 2
+    assert outbound.tls_context() is context
