@@ -45,7 +45,10 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
     ``pending`` with an event; the obligations sweep tries again."""
     from .admission import admit_ticket
 
-    with transaction.atomic():
+    # No savepoint inside a caller's transaction (a turn's finish): nothing
+    # here catches a database error to go on, so a failure rolls the whole
+    # transaction back either way, and a savepoint was two round trips.
+    with transaction.atomic(savepoint=False):
         # of=("self",): lock only the ticket row. return_to is a nullable
         # foreign key, so the join is an outer one, and PostgreSQL refuses
         # FOR UPDATE on the nullable side of an outer join.
@@ -75,16 +78,17 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
             }
         }
         try:
-            with transaction.atomic():
-                admitted = admit_ticket(
-                    endpoint=source.return_to.address,
-                    input=payload,
-                    dedupe_key=callback_key(original),
-                    parent_id=source.id,
-                    callback_for_id=source.id,
-                    requester=source.requester,
-                    actor="callbacks",
-                )
+            # One statement (claimcheck_admit): a refusal is its answer, not
+            # a database error, and it wrote nothing: no savepoint to undo.
+            admitted = admit_ticket(
+                endpoint=source.return_to.address,
+                input=payload,
+                dedupe_key=callback_key(original),
+                parent_id=source.id,
+                callback_for_id=source.id,
+                requester=source.requester,
+                actor="callbacks",
+            )
         except DomainError as exc:
             _record_refusal(source_id=source.id, exc=exc)
             return None

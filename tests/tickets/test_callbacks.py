@@ -188,6 +188,43 @@ def test_ensure_callback_ignores_a_ticket_without_return_to_or_not_finished(api,
     assert Callback.objects.count() == 0
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_finish_admits_its_callback_in_its_own_transaction_without_savepoints(api, make_endpoint):
+    """The callback is admitted in the finishing transaction (one BEGIN, one
+    COMMIT) and nothing in it needs a savepoint: the admission is one
+    statement whose refusal is an answer, not a database error, and nothing
+    catches a database error to go on. A savepoint and its release were two
+    round trips each (bench/costs.py: a callback's statements)."""
+    import uuid
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runtime.turns import run_ticket
+
+    make_endpoint("alpha")
+    root = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
+    child = api.post(
+        "/tickets",
+        {
+            "endpoint": "alpha",
+            "input": {},
+            "parent": root["id"],
+            "return_to": {"endpoint": "alpha"},
+        },
+    ).json()
+    # The root's turn first (the endpoint runs its oldest ticket first).
+    run_ticket(ticket_id=uuid.UUID(root["id"]))
+    with CaptureQueriesContext(connection) as queries:
+        run_ticket(ticket_id=uuid.UUID(child["id"]))
+    source = Ticket.objects.get(id=child["id"])
+    assert source.callback_state == "accepted"
+    assert Callback.objects.filter(source=source).count() == 1
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert not [q for q in sql if "SAVEPOINT" in q], sql
+    assert sum(q == "BEGIN" for q in sql) == 1 and sum(q == "COMMIT" for q in sql) == 1, sql
+
+
 # --- Circuit breaker -----------------------------------------------------------------------
 
 
