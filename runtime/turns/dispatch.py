@@ -154,20 +154,25 @@ def dispatch_owed(*, limit: int | None = None, session=None) -> list[uuid.UUID]:
     lost-dispatch sweep publishes it.
 
     ``session``: the dispatcher's own connection (psycopg, autocommit), the
-    one that LISTENs and so holds its server session for its whole life
-    (direct or session-pooled, ``DATABASE_LISTEN_URL``), where the statement
-    is prepared once whatever the pooler in front of Django's connection:
-    with twenty endpoints queued a pass took 1.0-1.2 ms planned each time,
-    0.34-0.38 ms prepared, and a busy pipeline makes a pass for most
-    admissions (bench/README.md). Without
-    one, Django's connection (prepared with ``DATABASE_PREPARED_CALLS``)."""
+    one that LISTENs, where the statement is prepared once when that session
+    is known to be the server's for its whole life: ``DATABASE_LISTEN_URL``
+    set (direct or session-pooled, whatever pools Django's connection), or
+    ``DATABASE_PREPARED_CALLS`` (Django's connection keeps its session, and
+    so does this one, made from the same URL). Otherwise it may go through a
+    transaction pooler (a misconfiguration where no notification arrives,
+    but where the poll still dispatches) and is not prepared. With twenty
+    endpoints queued a pass took 1.0-1.2 ms planned each time, 0.34-0.38 ms
+    prepared, and a busy pipeline makes a pass for most admissions
+    (bench/README.md). Without a session, Django's connection (prepared
+    with ``DATABASE_PREPARED_CALLS``)."""
     limit = limit or settings.DISPATCHER_BATCH
     params = {"limit": limit}
     if session is not None:  # one statement: atomic in autocommit
+        prepare = bool(settings.DATABASE_LISTEN_URL) or settings.DATABASE_PREPARED_CALLS
         # A cursor binding on the server: the connection's own factory may be
         # Django's client-side one, which prepares nothing.
         with psycopg.Cursor(session) as cur:
-            ids = [row[0] for row in cur.execute(_OWED_SQL, params, prepare=True).fetchall()]
+            ids = [row[0] for row in cur.execute(_OWED_SQL, params, prepare=prepare).fetchall()]
     else:
         with call_cursor() as cur:
             cur.execute(_OWED_SQL, params)
