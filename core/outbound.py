@@ -212,11 +212,10 @@ def _verifying_context(cafile: str | None, capath: str | None) -> ssl.SSLContext
 
 def tls_context() -> ssl.SSLContext:
     """The verifying TLS context of every outbound call, one per process and
-    CA setting: building one loads the CA bundle (21 ms of CPU here), and a
-    webhook attempt built two (the transport's and its pool's), most of its
-    67 ms of worker CPU (bench/costs.py). A context is safe to share between
-    threads and connections once configured, and nothing here configures it
-    after."""
+    CA setting: building one loads the CA bundle (21 ms of CPU here), which
+    per call would be most of a webhook attempt's worker CPU (bench/costs.py).
+    A context is safe to share between threads and connections once
+    configured, and nothing here configures it after."""
     return _verifying_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
 
 

@@ -47,7 +47,7 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
 
     # No savepoint inside a caller's transaction (a turn's finish): nothing
     # here catches a database error to go on, so a failure rolls the whole
-    # transaction back either way, and a savepoint was two round trips.
+    # transaction back either way, and a savepoint would only add round trips.
     with transaction.atomic(savepoint=False):
         # of=("self",): lock only the ticket row. return_to is a nullable
         # foreign key, so the join is an outer one, and PostgreSQL refuses

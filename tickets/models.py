@@ -161,7 +161,8 @@ class Ticket(models.Model):
     # For a callback ticket: the ticket whose completion it reports. At most
     # one per ticket: the partial unique constraint ticket_callback_for_unique
     # (Meta), which indexes only the callback tickets (a one-to-one field's
-    # unique index held a NULL entry for every other ticket, in every version).
+    # unique index would hold a NULL entry for every other ticket, in every
+    # version).
     callback_for = models.ForeignKey(
         "self",
         null=True,

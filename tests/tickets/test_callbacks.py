@@ -93,6 +93,18 @@ def test_research_with_three_children_completes_through_callbacks(api, make_endp
 # --- Convergence ---------------------------------------------------------------------------
 
 
+def root_and_child(api, endpoint: str) -> tuple[dict, dict]:
+    """A root ticket and its child returning to the same endpoint, both queued."""
+    root = api.post("/tickets", {"endpoint": endpoint, "input": {}}).json()
+    body = {
+        "endpoint": endpoint,
+        "input": {},
+        "parent": root["id"],
+        "return_to": {"endpoint": endpoint},
+    }
+    return root, api.post("/tickets", body).json()
+
+
 def refused_callback(api, make_endpoint) -> Ticket:
     """A finished child whose callback the circuit breaker refused: its
     callback state stays ``pending`` and no Callback exists."""
@@ -174,16 +186,7 @@ def test_ensure_callback_ignores_a_ticket_without_return_to_or_not_finished(api,
     plain = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
     runtime_services.cancel_ticket(ticket_id=plain["id"], actor="test")
     assert callbacks.ensure_callback(source_id=plain["id"]) is None
-    root = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
-    child = api.post(
-        "/tickets",
-        {
-            "endpoint": "alpha",
-            "input": {},
-            "parent": root["id"],
-            "return_to": {"endpoint": "alpha"},
-        },
-    ).json()
+    root, child = root_and_child(api, "alpha")
     assert callbacks.ensure_callback(source_id=child["id"]) is None  # still queued
     assert Callback.objects.count() == 0
 
@@ -193,8 +196,8 @@ def test_a_finish_admits_its_callback_in_its_own_transaction_without_savepoints(
     """The callback is admitted in the finishing transaction (one BEGIN, one
     COMMIT) and nothing in it needs a savepoint: the admission is one
     statement whose refusal is an answer, not a database error, and nothing
-    catches a database error to go on. A savepoint and its release were two
-    round trips each (bench/costs.py: a callback's statements)."""
+    catches a database error to go on, so a savepoint would only add round
+    trips (bench/costs.py: a callback's statements)."""
     import uuid
 
     from django.db import connection
@@ -203,16 +206,7 @@ def test_a_finish_admits_its_callback_in_its_own_transaction_without_savepoints(
     from runtime.turns import run_ticket
 
     make_endpoint("alpha")
-    root = api.post("/tickets", {"endpoint": "alpha", "input": {}}).json()
-    child = api.post(
-        "/tickets",
-        {
-            "endpoint": "alpha",
-            "input": {},
-            "parent": root["id"],
-            "return_to": {"endpoint": "alpha"},
-        },
-    ).json()
+    root, child = root_and_child(api, "alpha")
     # The root's turn first (the endpoint runs its oldest ticket first).
     run_ticket(ticket_id=uuid.UUID(root["id"]))
     with CaptureQueriesContext(connection) as queries:
