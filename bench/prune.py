@@ -104,6 +104,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tickets", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=500, help="traces per prune transaction")
+    parser.add_argument(
+        "--pause-ratio",
+        type=float,
+        default=None,
+        help="prune_ledger's --pause-ratio (default: RETENTION_PAUSE_RATIO)",
+    )
     parser.add_argument("--rate", type=float, default=50.0, help="admissions a second")
     parser.add_argument("--quiet-s", type=float, default=30.0, help="each quiet phase")
     parser.add_argument(
@@ -126,17 +132,19 @@ def main() -> None:
     if not args.reuse:
         benchlib.recreate_database()
     benchlib.setup_django()
+    from django.conf import settings
+
+    pause_ratio = settings.RETENTION_PAUSE_RATIO if args.pause_ratio is None else args.pause_ratio
 
     from datetime import UTC, datetime, timedelta
 
     import psycopg
     from django.contrib.auth import get_user_model
     from django.db import connection
-    from django.utils import timezone
 
     from accounts.keys import create_api_key
     from endpoints.services import create_endpoint
-    from tickets.retention import COUNTS, KEEP_HISTORY, PruneReport
+    from tickets import retention
 
     runner = {"kind": "python", "path": "runtime.demo.echo"}
     if not args.reuse:
@@ -150,7 +158,13 @@ def main() -> None:
     connection.close()
 
     db = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)
-    summary: dict = {"bench": "prune", "tickets": tickets, "batch": args.batch, "rate": rate}
+    summary: dict = {
+        "bench": "prune",
+        "tickets": tickets,
+        "batch": args.batch,
+        "pause_ratio": pause_ratio,
+        "rate": rate,
+    }
     admitter = None
     try:
         seed_s = 0.0
@@ -185,34 +199,18 @@ def main() -> None:
         admitter.stop_flag.wait(quiet_s)
         admitter.phase = "prune"
         result: dict = {}
-        batch_s: list[float] = []
 
         def run_prune() -> None:
-            # tickets.retention.prune's loop, batch by batch, so that each
-            # batch is timed and a budget can end it: the same function call
-            # (claimcheck_prune_ledger) in autocommit, until a batch finds
-            # nothing or the budget is spent.
+            # What prune_ledger runs: tickets.retention.prune, timed whole.
             try:
                 started = time.perf_counter()
-                cutoff = timezone.now() - timedelta(days=1)
-                report = PruneReport(cutoff=cutoff.isoformat(), dry_run=False)
-                while time.perf_counter() - started < max_prune_s:
-                    t = time.perf_counter()
-                    with connection.cursor() as cur:
-                        cur.execute(
-                            "SELECT * FROM claimcheck_prune_ledger(%s, %s, false, %s)",
-                            [cutoff, args.batch, KEEP_HISTORY],
-                        )
-                        row = dict(zip(COUNTS, cur.fetchone(), strict=True))
-                    batch_s.append(time.perf_counter() - t)
-                    report.batches += 1
-                    for key, value in row.items():
-                        report.counts[key] += int(value or 0)
-                    if not row["traces"]:
-                        result["complete"] = True
-                        break
+                result["report"] = retention.prune(
+                    older_than_days=1,
+                    batch=args.batch,
+                    pause_ratio=pause_ratio,
+                    max_s=max_prune_s,
+                )
                 result["s"] = time.perf_counter() - started
-                result["report"] = report
             except BaseException as exc:
                 result["error"] = exc
             finally:
@@ -261,11 +259,13 @@ def main() -> None:
     }
     ratio = round(phases["prune"]["p99_ms"] / phases["quiet"]["p99_ms"], 3)
     pruned = report.counts["tickets"]
-    left_none = result.get("complete", False)
+    left_none = report.complete
+    batch_s = report.batch_s
     print(
         f"\nprune_ledger --batch {args.batch}: {pruned:,} tickets ({report.counts['traces']:,} "
         f"traces, {report.counts['events']:,} events) in {result['s']:.0f} s, "
-        f"{report.batches} batches, {pruned / result['s']:.0f} tickets/s; {left:,} left"
+        f"{report.batches} batches, {pruned / result['s']:.0f} tickets/s; {left:,} left; "
+        f"paused {report.paused_s:.1f} s (--pause-ratio {pause_ratio:g})"
     )
     if batch_s:
         first = batch_s[: max(1, len(batch_s) // 10)]
@@ -296,6 +296,7 @@ def main() -> None:
         pruned=report.counts,
         batches=report.batches,
         prune_s=round(result["s"], 1),
+        paused_s=round(report.paused_s, 1),
         tickets_per_s=round(pruned / result["s"], 1),
         batch_s={
             "median": round(pct(batch_s, 0.5), 3),

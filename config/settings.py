@@ -376,6 +376,7 @@ OBLIGATION_SWEEP_INTERVAL_S = env.float(
 RETENTION_DAYS = env.float("RETENTION_DAYS", default=0.0)
 RETENTION_INTERVAL_S = env.float("RETENTION_INTERVAL_S", default=86400.0)
 RETENTION_BATCH = env.int("RETENTION_BATCH", default=500)
+RETENTION_PAUSE_RATIO = env.float("RETENTION_PAUSE_RATIO", default=0.0)
 
 # --- Transient faults (core/transient.py) ------------------------------------
 # How long a worker keeps trying to start or finish a turn (record an outcome

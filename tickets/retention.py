@@ -31,6 +31,8 @@ size.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # runtime.turns.HISTORY_ENTRIES: the context entries a turn is given.
 KEEP_HISTORY = 20
+# A pause longer than ten times the batch is a prune that does not run.
+MAX_PAUSE_RATIO = 10.0
 
 COUNTS = (
     "traces",
@@ -214,6 +218,12 @@ class PruneReport:
     dry_run: bool
     batches: int = 0
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    # Every batch's seconds inside the function (its transaction), and the
+    # seconds paused between batches (``pause_ratio``).
+    batch_s: list[float] = field(default_factory=list)
+    paused_s: float = 0.0
+    # False when ``max_s`` ended the run with candidates left.
+    complete: bool = True
 
 
 def prune(
@@ -222,18 +232,36 @@ def prune(
     batch: int = 500,
     dry_run: bool = False,
     keep_history: int = KEEP_HISTORY,
+    pause_ratio: float = 0.0,
+    max_s: float | None = None,
+    stop: threading.Event | None = None,
 ) -> PruneReport:
     """Prune traces finished more than ``older_than_days`` ago, ``batch``
     traces per transaction, until a batch finds nothing (module docstring).
     ``dry_run`` counts what one pass would delete (every candidate, not one
-    batch) and deletes nothing."""
+    batch) and deletes nothing.
+
+    ``pause_ratio`` yields to the rest of the database between batches: after
+    a batch of ``t`` seconds, wait ``pause_ratio * t`` (0.5: the prune holds
+    the database at most two thirds of the time, as gh-ost's nice ratio).
+    Every commit on the primary flushes the WAL written before its own
+    commit record, a batch's deletions included, so an admission's commit
+    waits behind whatever the prune wrote since the last flush; the pause
+    bounds that (docs/operations.md, Retention). ``max_s`` ends the run after
+    the batch that passes it, and ``stop`` (set by another thread) after the
+    current batch, with ``complete`` False; the next run goes on from there."""
     if older_than_days < 1:
         raise ValueError("--older-than must be at least 1 day")
     if batch < 1:
         raise ValueError("--batch must be positive")
+    if not 0 <= pause_ratio <= MAX_PAUSE_RATIO:
+        raise ValueError(f"--pause-ratio must be between 0 and {MAX_PAUSE_RATIO:g}")
     cutoff = timezone.now() - timedelta(days=older_than_days)
     report = PruneReport(cutoff=cutoff.isoformat(), dry_run=dry_run)
+    stop = stop or threading.Event()
+    started = time.monotonic()
     while True:
+        batch_started = time.monotonic()
         with connection.cursor() as cur:
             # Autocommit: each call is its own transaction; a batch holds its
             # row locks only for itself.
@@ -242,6 +270,8 @@ def prune(
                 [cutoff, 2**31 - 1 if dry_run else batch, dry_run, keep_history],
             )
             row = dict(zip(COUNTS, cur.fetchone(), strict=True))
+        took = time.monotonic() - batch_started
+        report.batch_s.append(took)
         report.batches += 1
         for key, value in row.items():
             report.counts[key] += int(value or 0)
@@ -253,4 +283,13 @@ def prune(
             row["tickets"],
             report.cutoff,
         )
+        if max_s is not None and time.monotonic() - started >= max_s:
+            report.complete = False
+            log.info("prune stopped after %.0f s (its budget); the next run goes on", max_s)
+            break
+        # A wait on the event, not a sleep: a stop ends the pause at once.
+        if stop.wait(pause_ratio * took):
+            report.complete = False
+            break
+        report.paused_s += pause_ratio * took
     return report

@@ -46,7 +46,9 @@ def prune_ledger() -> None:
         return
     with tolerate_transient("retention"), observe.sweep("retention"):
         report = retention.prune(
-            older_than_days=settings.RETENTION_DAYS, batch=settings.RETENTION_BATCH
+            older_than_days=settings.RETENTION_DAYS,
+            batch=settings.RETENTION_BATCH,
+            pause_ratio=settings.RETENTION_PAUSE_RATIO,
         )
         observe.swept(
             "retention",

@@ -237,6 +237,46 @@ def test_the_triggers_stay_enabled_and_refuse_the_owner_outside_the_function(led
         )
 
 
+def settled_long_ago(count: int) -> list[Ticket]:
+    """``count`` more prunable traces on ret.echo, as the fixture's "done"."""
+    with days_ago(40):
+        tickets = [run("ret.echo") for _ in range(count)]
+        for ticket in tickets:
+            delivery.acknowledge(ticket_id=ticket.id, actor="test")
+    with connection.cursor() as cur:  # as the fixture ages its finished work
+        cur.execute(
+            "UPDATE tickets_ticket SET finished_at = finished_at - interval '40 days'"
+            " WHERE id = ANY(%s)",
+            [[t.id for t in tickets]],
+        )
+    return tickets
+
+
+def test_a_stop_or_a_budget_ends_the_prune_after_its_batch_and_a_pause_follows_each(ledger):
+    # Three prunable traces with the fixture's "done" (the newest of these is
+    # ret.echo's latest history, kept).
+    settled_long_ago(3)
+    stop = threading.Event()
+    stop.set()
+    # Asked to stop before it starts: one batch, then no pause however long.
+    stopped = retention.prune(
+        older_than_days=30, batch=1, keep_history=1, pause_ratio=10, stop=stop
+    )
+    assert (stopped.batches, stopped.counts["traces"], stopped.complete) == (1, 1, False)
+    assert stopped.paused_s == 0
+    # A budget already spent: one batch.
+    budget = retention.prune(older_than_days=30, batch=1, keep_history=1, max_s=0)
+    assert (budget.batches, budget.counts["traces"], budget.complete) == (1, 1, False)
+    # The rest, pausing half of each batch after it: the last batch finds
+    # nothing and ends the run without a pause.
+    rest = retention.prune(older_than_days=30, batch=1, keep_history=1, pause_ratio=0.5)
+    assert (rest.batches, rest.counts["traces"], rest.complete) == (2, 1, True)
+    assert rest.paused_s == pytest.approx(0.5 * rest.batch_s[0])
+    assert not exists(ledger["done"]) and exists(ledger["owed"])
+    with pytest.raises(ValueError, match="pause-ratio"):
+        retention.prune(older_than_days=30, pause_ratio=11)
+
+
 def test_the_command_reports_and_needs_a_cutoff(ledger, settings):
     out = StringIO()
     call_command("prune_ledger", "--older-than", "30", "--dry-run", stdout=out)
@@ -249,4 +289,12 @@ def test_the_command_reports_and_needs_a_cutoff(ledger, settings):
         call_command("prune_ledger")
     with pytest.raises(CommandError, match="at least 1 day"):
         call_command("prune_ledger", "--older-than", "0.5")
+    with pytest.raises(CommandError, match="pause-ratio"):
+        call_command("prune_ledger", "--older-than", "30", "--pause-ratio", "-1")
+    out = StringIO()
+    call_command(
+        "prune_ledger", "--older-than", "30", "--pause-ratio", "0.5", "--max-seconds", "60",
+        stdout=out,
+    )  # fmt: skip
+    assert "deleted" in out.getvalue() and "paused" in out.getvalue(), out.getvalue()
     assert uuid.UUID(str(ledger["done"].id))
