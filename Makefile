@@ -113,7 +113,7 @@ bench-all: bench-install services ## every benchmark at reduced size: one table 
 
 bench-compare: install ## flag ratios that fell beyond bench/noise.json: make bench-compare A=old.json B=new.json
 	@test -n "$(A)" -a -n "$(B)" || (echo "usage: make bench-compare A=bench/results/x.json B=bench/results/y.json" && exit 2)
-	$(PY) bench/compare.py $(A) $(B)
+	$(PY) bench/compare.py $(A) $(B) $(ARGS)
 
 bench-costs: bench-install services ## statements, commits, WAL bytes, buffers and CPU per admission, turn, callback, delivery
 	$(PY) bench/costs.py

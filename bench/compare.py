@@ -11,8 +11,16 @@ is relative to A: (A − B) / A for ">=", (B − A) / A for "<=". A fall larger
 than the ratio's band in the noise file is a regression; the exit status is
 1 when there is one.
 
+Both files must come from one kind of machine (the CPU model and the core
+count ``bench_all.py`` records): the same code ran 2-3 times slower on one
+2-core kind than on another here, and its ratios moved too (admission
+against its statement 0.72 on one, 0.53 on the other), so a comparison
+across kinds measures the machines. ``--across-machines`` compares anyway
+and says so; the exit status is 2 otherwise. A noise file measured on
+another kind is named in the output: its bands may not fit.
+
 ``--measure-noise`` takes result files of the *same commit* run back to
-back and prints a noise file: per ratio, the largest relative difference
+back on one kind of machine and prints a noise file: per ratio, the largest relative difference
 seen between any two of the runs, (max − min) / max, times 1.5 (two or
 three runs underestimate the spread), and never below 2 %. A ratio with no
 measured band gets ``default_band``.
@@ -50,6 +58,15 @@ def fall(op: str, a: float, b: float) -> float:
     return -change if op == ">=" else change
 
 
+def machine_kind(result: dict) -> str:
+    """What a result file says it ran on: CPU model and cores ("" if it
+    does not say: a file from before the field, or a hand-made one)."""
+    m = result.get("machine") or {}
+    if not m.get("model") and not m.get("cores"):
+        return ""
+    return f"{m.get('cores')} cores, {m.get('model') or 'unknown CPU'}"
+
+
 def compare(a: dict, b: dict, noise: dict) -> list[dict]:
     """One row per ratio in A or B: its two values, its fall, its band and a
     verdict (regressed, improved, within noise, new, gone)."""
@@ -85,6 +102,11 @@ def measure_noise(results: list[dict], *, mixed_commits: bool = False) -> dict:
     shas = {r.get("commit", {}).get("sha") for r in results}
     if len(shas) != 1 and not mixed_commits:
         raise ValueError(f"noise must be measured on one commit; these runs have {sorted(shas)}")
+    kinds = {machine_kind(r) for r in results}
+    if len(kinds) != 1:
+        raise ValueError(
+            f"noise must be measured on one kind of machine; these ran on {sorted(kinds)}"
+        )
     bands: dict[str, float] = {}
     spreads: dict[str, list[float]] = {}
     for x, y in combinations(results, 2):
@@ -135,8 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--noise", type=Path, default=NOISE)
     parser.add_argument("--measure-noise", action="store_true")
-    parser.add_argument("--mixed-commits", action="store_true",
-                        help="with --measure-noise: accept runs of different commits")  # fmt: skip
+    parser.add_argument(
+        "--mixed-commits",
+        action="store_true",
+        help="with --measure-noise: accept runs of different commits",
+    )
+    parser.add_argument("--across-machines", action="store_true",
+                        help="compare files from different kinds of machine")  # fmt: skip
     args = parser.parse_args(argv)
     results = [json.loads(p.read_text()) for p in args.files]
     if args.measure_noise:
@@ -149,8 +176,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("compare takes two result files: A (before) and B (after)")
     noise = json.loads(args.noise.read_text()) if args.noise.exists() else {}
     a, b = results
-    print(f"A: {a.get('date')} {a.get('commit', {}).get('sha', '')[:10]}  "
-          f"B: {b.get('date')} {b.get('commit', {}).get('sha', '')[:10]}")  # fmt: skip
+    kind_a, kind_b = machine_kind(a), machine_kind(b)
+    for label, r, kind in (("A", a, kind_a), ("B", b, kind_b)):
+        print(f"{label}: {r.get('date')} {r.get('commit', {}).get('sha', '')[:10]} ({kind or '?'})")
+    if kind_a != kind_b:
+        if not args.across_machines:
+            print(
+                "A and B ran on different kinds of machine: their difference is the "
+                "machines' as much as the code's. Run both on one (a frozen worktree of "
+                "each commit, the same hour), or pass --across-machines.",
+                file=sys.stderr,
+            )
+            return 2
+        print("ACROSS MACHINES: the verdicts below compare the machines too")
+    noise_kinds = {machine_kind(r) for r in noise.get("runs", [])} - {""}
+    if noise_kinds and kind_b and noise_kinds != {kind_b}:
+        print(f"the noise bands were measured on {', '.join(sorted(noise_kinds))}: "
+              "they may be narrower than this machine's noise")  # fmt: skip
     rows = compare(a, b, noise)
     print(render(rows))
     regressed = [r["name"] for r in rows if r["verdict"] == "regressed"]

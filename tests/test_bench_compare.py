@@ -74,6 +74,26 @@ def test_noise_is_measured_on_one_commit_only():
     assert compare.measure_noise(mixed, mixed_commits=True)["commits"] == ["a", "b"]
 
 
+def test_files_from_two_kinds_of_machine_are_compared_only_when_asked(tmp_path, capsys):
+    intel = {"cores": 2, "model": "Intel(R) Xeon(R) Processor", "host": "a"}
+    amd = {"cores": 2, "model": "AMD EPYC", "host": "b"}
+    pa, pb, pn = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "noise.json"
+    pa.write_text(json.dumps({**result(rate=(">=", 1.0)), "machine": intel}))
+    pb.write_text(json.dumps({**result(rate=(">=", 1.0)), "machine": amd}))
+    pn.write_text(json.dumps({"bands": {"rate": 0.1}, "runs": [{"machine": intel}]}))
+    assert compare.main([str(pa), str(pb), "--noise", str(pn)]) == 2
+    assert "different kinds of machine" in capsys.readouterr().err
+    assert compare.main([str(pa), str(pb), "--noise", str(pn), "--across-machines"]) == 0
+    out = capsys.readouterr().out
+    assert "ACROSS MACHINES" in out and "measured on 2 cores, Intel" in out, out
+    # Another host of the same kind is the same machine for this purpose.
+    pb.write_text(json.dumps({**result(rate=(">=", 1.0)), "machine": {**intel, "host": "c"}}))
+    assert compare.main([str(pa), str(pb), "--noise", str(pn)]) == 0
+    assert "measured on" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match="one kind of machine"):
+        compare.measure_noise([{**result(), "machine": intel}, {**result(), "machine": amd}])
+
+
 def test_bench_all_reads_the_summary_line_and_judges_each_target():
     out = 'text\n{"bench": "admission"}\n{"not": "last"\n'
     assert last_json(out) == {"bench": "admission"}
