@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from itertools import combinations
 from pathlib import Path
 
 NOISE = Path(__file__).resolve().parent / "noise.json"
+# A kind of machine's own bands, when measured: noise/<kind's slug>.json.
+NOISE_DIR = Path(__file__).resolve().parent / "noise"
 DEFAULT_BAND = 0.25
 MIN_BAND = 0.02
 SAFETY = 1.5
@@ -65,6 +68,14 @@ def machine_kind(result: dict) -> str:
     if not m.get("model") and not m.get("cores"):
         return ""
     return f"{m.get('cores')} cores, {m.get('model') or 'unknown CPU'}"
+
+
+def noise_file(kind: str) -> Path:
+    """The noise file for a kind of machine: its own if one was measured
+    (``noise/2-cores-amd-epyc.json``), else ``noise.json``."""
+    slug = "-".join(re.findall(r"[a-z0-9]+", kind.lower()))
+    own = NOISE_DIR / f"{slug}.json"
+    return own if slug and own.exists() else NOISE
 
 
 def compare(a: dict, b: dict, noise: dict) -> list[dict]:
@@ -155,7 +166,8 @@ def render(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--noise", type=Path, default=NOISE)
+    parser.add_argument("--noise", type=Path, default=None,
+                        help="default: noise/<B's machine>.json, else noise.json")  # fmt: skip
     parser.add_argument("--measure-noise", action="store_true")
     parser.add_argument(
         "--mixed-commits",
@@ -174,9 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if len(results) != 2:
         parser.error("compare takes two result files: A (before) and B (after)")
-    noise = json.loads(args.noise.read_text()) if args.noise.exists() else {}
     a, b = results
     kind_a, kind_b = machine_kind(a), machine_kind(b)
+    noise_path = args.noise or noise_file(kind_b)
+    noise = json.loads(noise_path.read_text()) if noise_path.exists() else {}
     for label, r, kind in (("A", a, kind_a), ("B", b, kind_b)):
         print(f"{label}: {r.get('date')} {r.get('commit', {}).get('sha', '')[:10]} ({kind or '?'})")
     if kind_a != kind_b:
@@ -189,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         print("ACROSS MACHINES: the verdicts below compare the machines too")
+    print(f"noise bands: {noise_path}")
     noise_kinds = {machine_kind(r) for r in noise.get("runs", [])} - {""}
     if noise_kinds and kind_b and noise_kinds != {kind_b}:
         print(f"the noise bands were measured on {', '.join(sorted(noise_kinds))}: "

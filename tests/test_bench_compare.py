@@ -94,6 +94,23 @@ def test_files_from_two_kinds_of_machine_are_compared_only_when_asked(tmp_path, 
         compare.measure_noise([{**result(), "machine": intel}, {**result(), "machine": amd}])
 
 
+def test_a_kind_of_machine_with_its_own_bands_is_judged_by_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "NOISE_DIR", tmp_path)
+    amd = {"cores": 2, "model": "AMD EPYC"}
+    assert compare.noise_file(compare.machine_kind({"machine": amd})) == compare.NOISE
+    (tmp_path / "2-cores-amd-epyc.json").write_text(json.dumps({"bands": {"rate": 0.3}}))
+    assert compare.noise_file("2 cores, AMD EPYC") == tmp_path / "2-cores-amd-epyc.json"
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps({**result(rate=(">=", 1.0)), "machine": amd}))
+    pb.write_text(json.dumps({**result(rate=(">=", 0.8)), "machine": amd}))
+    # A 20 % fall: within this kind's 30 %, beyond the shared file's band.
+    assert compare.main([str(pa), str(pb)]) == 0
+    assert "2-cores-amd-epyc.json" in capsys.readouterr().out
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps({"bands": {"rate": 0.1}}))
+    assert compare.main([str(pa), str(pb), "--noise", str(shared)]) == 1
+
+
 def test_bench_all_reads_the_summary_line_and_judges_each_target():
     out = 'text\n{"bench": "admission"}\n{"not": "last"\n'
     assert last_json(out) == {"bench": "admission"}
