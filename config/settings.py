@@ -376,7 +376,10 @@ OBLIGATION_SWEEP_INTERVAL_S = env.float(
 RETENTION_DAYS = env.float("RETENTION_DAYS", default=0.0)
 RETENTION_INTERVAL_S = env.float("RETENTION_INTERVAL_S", default=86400.0)
 RETENTION_BATCH = env.int("RETENTION_BATCH", default=500)
+# After each batch of t seconds, pause RETENTION_PAUSE_RATIO * t (0 to 10).
 RETENTION_PAUSE_RATIO = env.float("RETENTION_PAUSE_RATIO", default=0.0)
+if not 0 <= RETENTION_PAUSE_RATIO <= 10:  # refused at start, not at the day's prune
+    raise ValueError("RETENTION_PAUSE_RATIO must be between 0 and 10")
 
 # --- Transient faults (core/transient.py) ------------------------------------
 # How long a worker keeps trying to start or finish a turn (record an outcome

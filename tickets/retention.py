@@ -222,7 +222,7 @@ class PruneReport:
     # seconds paused between batches (``pause_ratio``).
     batch_s: list[float] = field(default_factory=list)
     paused_s: float = 0.0
-    # False when ``max_s`` ended the run with candidates left.
+    # False when ``max_s`` or ``stop`` ended the run, candidates perhaps left.
     complete: bool = True
 
 
@@ -256,6 +256,8 @@ def prune(
         raise ValueError("--batch must be positive")
     if not 0 <= pause_ratio <= MAX_PAUSE_RATIO:
         raise ValueError(f"--pause-ratio must be between 0 and {MAX_PAUSE_RATIO:g}")
+    if max_s is not None and not max_s >= 0:
+        raise ValueError("--max-seconds must be 0 or more")
     cutoff = timezone.now() - timedelta(days=older_than_days)
     report = PruneReport(cutoff=cutoff.isoformat(), dry_run=dry_run)
     stop = stop or threading.Event()

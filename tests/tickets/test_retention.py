@@ -6,6 +6,9 @@ writing a state or a timestamp by hand."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from datetime import timedelta
@@ -22,6 +25,7 @@ from recovery import services as recovery
 from recovery.models import CaseEvidence, Decision, Inspection, Lesson, RecoveryCase
 from runtime import turns as runtime
 from runtime.runners import Outcome
+from tests.conftest import ROOT
 from tests.recovery.conftest import drive_to_quarantine, owner  # noqa: F401 - fixture
 from tickets import delivery, retention
 from tickets.admission import admit_ticket
@@ -275,6 +279,22 @@ def test_a_stop_or_a_budget_ends_the_prune_after_its_batch_and_a_pause_follows_e
     assert not exists(ledger["done"]) and exists(ledger["owed"])
     with pytest.raises(ValueError, match="pause-ratio"):
         retention.prune(older_than_days=30, pause_ratio=11)
+    with pytest.raises(ValueError, match="max-seconds"):
+        retention.prune(older_than_days=30, max_s=-1)
+
+
+def test_a_pause_ratio_out_of_range_is_refused_when_the_settings_load(tmp_path):
+    env = {**os.environ, "RETENTION_PAUSE_RATIO": "11", "CLAIMCHECK_VAR_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "RETENTION_PAUSE_RATIO must be between 0 and 10" in done.stderr, done.stderr
 
 
 def test_the_command_reports_and_needs_a_cutoff(ledger, settings):
