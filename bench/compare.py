@@ -20,8 +20,8 @@ and says so; the exit status is 2 otherwise. A noise file measured on
 another kind is named in the output: its bands may not fit.
 
 ``--measure-noise`` takes result files of the *same commit* run back to
-back on one kind of machine and prints a noise file: per ratio, the largest relative difference
-seen between any two of the runs, (max − min) / max, times 1.5 (two or
+back on one kind of machine and prints a noise file: per ratio, the
+largest relative difference seen between any two of the runs, (max − min) / max, times 1.5 (two or
 three runs underestimate the spread), and never below 2 %. A ratio with no
 measured band gets ``default_band``.
 """

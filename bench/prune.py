@@ -259,7 +259,6 @@ def main() -> None:
     }
     ratio = round(phases["prune"]["p99_ms"] / phases["quiet"]["p99_ms"], 3)
     pruned = report.counts["tickets"]
-    left_none = report.complete
     batch_s = report.batch_s
     print(
         f"\nprune_ledger --batch {args.batch}: {pruned:,} tickets ({report.counts['traces']:,} "
@@ -274,7 +273,7 @@ def main() -> None:
             f"batch seconds: median {pct(batch_s, 0.5):.2f}, p90 {pct(batch_s, 0.9):.2f}, "
             f"first tenth mean {sum(first) / len(first):.2f}, last tenth mean "
             f"{sum(last) / len(last):.2f}"
-            + ("" if left_none else f"; stopped by --max-prune-s {max_prune_s:g} s")
+            + ("" if report.complete else f"; stopped by --max-prune-s {max_prune_s:g} s")
         )
     print(f"admissions at {rate:g}/s (ms):")
     for name, f in phases.items():
@@ -303,7 +302,7 @@ def main() -> None:
             "p90": round(pct(batch_s, 0.9), 3),
             "all": [round(x, 3) for x in batch_s],
         },  # fmt: skip
-        complete=left_none,
+        complete=report.complete,
         left=left,
         admission=phases,
         ratio={"prune_p99_vs_quiet_p99": ratio},

@@ -290,8 +290,9 @@ def prune(
             log.info("prune stopped after %.0f s (its budget); the next run goes on", max_s)
             break
         # A wait on the event, not a sleep: a stop ends the pause at once.
-        if stop.wait(pause_ratio * took):
+        pause = pause_ratio * took
+        if stop.wait(pause):
             report.complete = False
             break
-        report.paused_s += pause_ratio * took
+        report.paused_s += pause
     return report
