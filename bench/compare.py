@@ -21,9 +21,9 @@ another kind is named in the output: its bands may not fit.
 
 ``--measure-noise`` takes result files of the *same commit* run back to
 back on one kind of machine and prints a noise file: per ratio, the
-largest relative difference seen between any two of the runs, (max − min) / max, times 1.5 (two or
-three runs underestimate the spread), and never below 2 %. A ratio with no
-measured band gets ``default_band``.
+largest relative difference seen between any two of the runs, (max − min)
+/ max, times 1.5 (two or three runs underestimate the spread), and never
+below 2 %. A ratio with no measured band gets ``default_band``.
 """
 
 from __future__ import annotations
