@@ -54,8 +54,13 @@ pgbouncer: ## install Debian's pgbouncer for the pooler test (tests/test_pgbounc
 proxy: ## install Debian's nginx for the buffering-proxy test (deploy/nginx.conf)
 	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null)
 
-test: install services browser pgbouncer proxy ## the layer contracts, then every test against PostgreSQL and Redis
+test: install services browser pgbouncer proxy ## lint, the layer contracts, migrations in step, then every test against PostgreSQL and Redis
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports --no-cache
+	@# Models and migrations in step: a model change without its migration fails here,
+	@# not on an operator's `migrate`. --dry-run writes nothing.
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py makemigrations --check --dry-run
 	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
 		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
 	@# DATABASE_LISTEN_URL names a production database: the tests' listeners
@@ -83,10 +88,11 @@ multihost: install services ## hosts A and B on one machine: two webs, two turns
 	MULTIHOST=1 DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest -m multihost tests/faults/test_multihost.py -s -p no:cacheprovider $(PYTEST_ARGS)
 
-lint: install ## ruff check, format check and the layer contracts (import-linter)
+lint: install ## ruff check, format check, the layer contracts (import-linter), migrations in step
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports --no-cache
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py makemigrations --check --dry-run
 
 fmt: install ## ruff fix and format
 	.venv/bin/ruff check --fix .
