@@ -60,7 +60,7 @@ test: install services browser pgbouncer proxy ## lint, the layer contracts, mig
 	.venv/bin/lint-imports --no-cache
 	@# Models and migrations in step: a model change without its migration fails here,
 	@# not on an operator's `migrate`. --dry-run writes nothing.
-	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py makemigrations --check --dry-run
+	DATABASE_URL=$(PG_SUPERUSER_URL) $(PY) manage.py makemigrations --check --dry-run
 	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
 		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
 	@# DATABASE_LISTEN_URL names a production database: the tests' listeners
@@ -92,7 +92,7 @@ lint: install ## ruff check, format check, the layer contracts (import-linter), 
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports --no-cache
-	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) manage.py makemigrations --check --dry-run
+	DATABASE_URL=$(PG_SUPERUSER_URL) $(PY) manage.py makemigrations --check --dry-run
 
 fmt: install ## ruff fix and format
 	.venv/bin/ruff check --fix .
