@@ -1,7 +1,8 @@
 """The dispatcher: publishes the turns the ledger owes (docs/design.md, flow 2).
 
 Admission never talks to the broker. Its statement marks the new ticket
-``needs_dispatch`` and calls ``pg_notify`` (delivered at commit); this thread
+``needs_dispatch`` and, once it commits, the admitting process NOTIFYs
+(core/wakes.py: never inside the write transaction); this thread
 LISTENs on that channel and, on every wake-up, runs one pass of
 ``turns.dispatch_owed`` (one statement, prepared on the listening session,
 then one batch of publishes).

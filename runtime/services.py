@@ -8,11 +8,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from core.dispatch import DISPATCH_CHANNEL
 from core.errors import Forbidden, Invalid, NotFound
+from core.wakes import wake
 from endpoints.models import Endpoint
 from endpoints.selectors import is_owner, resolve_endpoint
 from endpoints.services import record_event, required_reason
@@ -116,8 +117,7 @@ def resume_endpoint(*, address: str, user, reason: Any) -> tuple[Endpoint, bool]
                     "paused_by": before["pause_actor"],
                 },
             )
-            with connection.cursor() as cur:  # delivered at commit
-                cur.execute("SELECT pg_notify(%s, '')", [DISPATCH_CHANNEL])
+            wake(DISPATCH_CHANNEL)  # after commit: core/wakes.py
     return endpoint, bool(resumed)
 
 

@@ -699,9 +699,12 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(autouse=True, scope="session")
 def _close_ticket_wait_listener():
-    """wait_s opens one LISTEN session per process (tickets/waits.py): close
-    it before pytest-django drops the test database."""
+    """wait_s opens one LISTEN session per process (tickets/waits.py), and
+    wake-ups one NOTIFY session (core/wakes.py): close them before
+    pytest-django drops the test database."""
     yield
+    from core import wakes
     from tickets import waits
 
     waits.stop_listener()
+    wakes.close()

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from core import observe
 from core.canonical import canonical_json
+from core.dispatch import DISPATCH_CHANNEL
 from core.errors import (
     CircuitOpen,
     DedupeConflict,
@@ -39,6 +40,7 @@ from core.errors import (
 from core.ids import new_id
 from core.limits import DEDUPE_KEY_CHARS, TRACE_ID_CHARS
 from core.sqlfunctions import call_cursor
+from core.wakes import wake
 from endpoints.models import Endpoint
 from endpoints.selectors import may_submit, quarantine_case
 
@@ -118,7 +120,8 @@ def admit_ticket(
        event and trace count. The unique constraint decides a race: the
        loser waits for the winner's commit and returns its row.
     3. No broker publish: the ticket is marked ``needs_dispatch`` and the
-       dispatcher (runtime/dispatcher.py) is woken by a NOTIFY at commit.
+       dispatcher (runtime/dispatcher.py) is woken after the commit
+       (core/wakes.py); its poll serves a wake that is lost.
     """
     if not isinstance(input, dict):
         raise Invalid("input must be a JSON object")
@@ -230,6 +233,9 @@ def _admit(
         row = _call(params)
     status = row[0]
     if status in ("admitted", "admitted_flagged"):
+        # The ticket owes a dispatch: the dispatcher hears of it after the
+        # commit, not from inside it (core/wakes.py says why).
+        wake(DISPATCH_CHANNEL)
         return _admitted(row, ticket_id=ticket_id, params=params, input_json=input_json)
     if status == "existing":
         return _existing_row(row, dedupe_key=dedupe_key, sha=sha, submitter=submitter)

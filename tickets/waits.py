@@ -34,6 +34,7 @@ from django.db import connection
 
 from core.dispatch import DISPATCH_CHANNEL
 from core.listen import connect_listener, listen_params
+from core.wakes import wake
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,6 @@ def stop_listener() -> None:
 
 
 def notify_changed(ticket_id: uuid.UUID) -> None:
-    """Wake the watchers of ``ticket_id`` when the current transaction
-    commits (PostgreSQL folds repeats within a transaction into one)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_notify(%s, %s)", [TICKET_CHANNEL, str(ticket_id)])
+    """Wake the watchers of ``ticket_id`` once the current transaction
+    commits, from outside it (core/wakes.py)."""
+    wake(TICKET_CHANNEL, str(ticket_id))

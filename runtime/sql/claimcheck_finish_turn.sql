@@ -98,7 +98,6 @@ BEGIN
         VALUES (p_ticket, 'stale_outcome', '', '', p_source, u.id,
             jsonb_build_object('seq', p_seq, 'turn_state', u.state, 'outcome', p_kind)
                 || p_stale_detail || v_timing, v_now);
-        PERFORM pg_notify('claimcheck_ticket', p_ticket::text);
         o_status := 'stale'; o_state := t.state; o_turn_state := u.state;
         o_due := false; o_reason := v_reason;
         RETURN NEXT;
@@ -183,8 +182,8 @@ BEGIN
         END IF;
     END IF;
     -- One statement writes the rest: the turn ends (with its stop evidence,
-    -- or its context entry), the ticket's transition and its event, whose
-    -- row wakes the ticket's watchers (tickets/waits.py) at commit, and this
+    -- or its context entry), the ticket's transition and its event (its
+    -- watchers are woken after commit: runtime/turns/finish.py), and this
     -- worker's registry slot idle (a turn run outside a worker has none).
     -- The ticket row is locked and was checked above: a miss is a bug.
     WITH tn AS (
@@ -214,7 +213,6 @@ BEGIN
         INSERT INTO tickets_ticketevent (
             ticket_id, kind, from_state, to_state, actor, turn_id, detail, at)
         SELECT tu.id, v_kind, 'running', v_to, v_actor, u.id, v_detail, v_now FROM tu
-        RETURNING pg_notify('claimcheck_ticket', ticket_id::text)
     ),
     sl AS (
         INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)

@@ -1,8 +1,9 @@
 -- An endpoint's next ticket, after its lock was released (the caller holds
 -- the lock row): the oldest queued ticket marked needs_dispatch is unmarked
 -- and returned (the caller publishes it after commit); none marked, the
--- dispatcher is woken at commit (an admission committing now may have been
--- invisible here, and the dispatcher it woke may have seen the lock held).
+-- caller wakes the dispatcher after commit (an admission committing now may
+-- have been invisible here, and the dispatcher it woke may have seen the
+-- lock held). No NOTIFY here: it would serialise the caller's commit.
 -- A paused endpoint's tickets keep their marks: the dispatcher serves them
 -- once a resume commits.
 CREATE OR REPLACE FUNCTION claimcheck_next_ticket(p_endpoint bigint)
@@ -17,9 +18,6 @@ BEGIN
           AND (SELECT e.paused_at FROM endpoints_endpoint e WHERE e.id = p_endpoint) IS NULL
         ORDER BY w.id LIMIT 1)
     RETURNING t.id INTO v_next;
-    IF v_next IS NULL THEN
-        PERFORM pg_notify('claimcheck_dispatch', '');
-    END IF;
     RETURN v_next;
 END
 $fn$;

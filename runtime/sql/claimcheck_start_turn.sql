@@ -73,9 +73,6 @@ ev AS (
     SELECT t.id, 'turn_started', 'queued', 'running', p_actor, u.id,
         jsonb_build_object('seq', u.seq), u.started_at
     FROM tu t, tn u
-    -- Every event wakes its ticket's watchers (tickets/waits.py) at commit:
-    -- evaluated for the row inserted, though nothing reads it.
-    RETURNING pg_notify('claimcheck_ticket', ticket_id::text)
 ),
 -- The message was used up without starting its ticket: the next release
 -- publishes it (lock held, endpoint not available or paused, or an older

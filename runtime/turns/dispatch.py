@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.dispatch import (
+    DISPATCH_CHANNEL,
     RUN_TICKET,
     messages_in_flight,
     publish,
@@ -20,6 +21,7 @@ from core.dispatch import (
 )
 from core.sqlfunctions import call_cursor
 from core.transient import TRANSIENT_DB_ERRORS
+from core.wakes import wake
 from endpoints.models import EndpointState
 from tickets.models import Ticket, TicketState
 
@@ -57,6 +59,8 @@ def release_lock(*, endpoint_id: int, turn: Turn) -> None:
         waiting = cur.fetchone()[0]
     if waiting is not None:
         publish_next(waiting)
+    else:
+        wake(DISPATCH_CHANNEL)  # claimcheck_next_ticket: none marked
 
 
 def publish_next(ticket_id: uuid.UUID) -> None:
@@ -89,6 +93,8 @@ def dispatch_next(*, endpoint_id: int) -> None:
         waiting = cur.fetchone()[0]
     if waiting is not None:
         publish_next(waiting)
+    else:
+        wake(DISPATCH_CHANNEL)
 
 
 # What the dispatcher owes, in one statement. An endpoint is owed a message

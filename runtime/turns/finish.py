@@ -20,13 +20,15 @@ from django.db import transaction
 
 from core import observe
 from core.canonical import canonical_json
-from core.dispatch import DELIVER, publish
+from core.dispatch import DELIVER, DISPATCH_CHANNEL, publish
 from core.errors import DomainError, StaleTurn
 from core.ids import new_id
 from core.sqlfunctions import call_cursor
+from core.wakes import wake
 from tickets import lifecycle, terminal
 from tickets.admission import admit_ticket
 from tickets.models import CallbackState, Ticket, TicketState
+from tickets.waits import TICKET_CHANNEL
 
 from .. import runners
 from ..models import ContextEntry, EndpointLock, Turn, TurnState
@@ -362,7 +364,26 @@ def _call(
     written = _Written(*row[:7])
     if nxt is not None:
         written = replace(written, started=started_from(row[7:], nxt, began=began))
+    _wake(written, ticket_id=turn.ticket_id)
     return written
+
+
+def _wake(written: _Written, *, ticket_id: uuid.UUID) -> None:
+    """The listeners a finish concerns, woken after its commit (the
+    function notifies nothing: core/wakes.py says why): the ticket's
+    watchers when it wrote an event, the next ticket's when it started one,
+    and the dispatcher when the lock was released with no ticket left to
+    publish (an admission committing meanwhile may have found the lock
+    held; a wake too many costs the dispatcher one pass)."""
+    if written.status not in ("finished", "stale"):
+        return
+    wake(TICKET_CHANNEL, str(ticket_id))
+    if written.status != "finished":
+        return
+    if written.started is not None:
+        wake(TICKET_CHANNEL, str(written.started.ticket.id))
+    elif written.next_ticket is None:
+        wake(DISPATCH_CHANNEL)
 
 
 def _after(*, ticket: Ticket, turn: Turn, written: _Written, outcome: Outcome, actor: str) -> None:

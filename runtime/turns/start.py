@@ -20,8 +20,10 @@ from django.db.models import Model
 from core import observe
 from core.ids import new_id
 from core.sqlfunctions import call_cursor
+from core.wakes import wake
 from endpoints.models import Endpoint
 from tickets.models import Ticket, TicketState
+from tickets.waits import TICKET_CHANNEL
 
 from ..models import Turn, TurnState
 
@@ -186,6 +188,7 @@ def start_turn(
     started = started_from(row, credentials, began=began)
     if started is not None:
         report_started(started)
+        wake(TICKET_CHANNEL, str(started.ticket.id))  # after commit: core/wakes.py
     return started
 
 

@@ -154,7 +154,7 @@ BEGIN
             v_refusal := 'circuit_open';
         END IF;
 
-        -- 3. The ticket, with the dispatcher's wake-up at commit. The ledger is
+        -- 3. The ticket (the dispatcher is woken after commit). The ledger is
         --    the outbox: the ticket owes a dispatch (needs_dispatch), no broker
         --    round trip here. The unique key decides a race: a concurrent
         --    admission of the same key is waited for, and if it commits this
@@ -176,7 +176,9 @@ BEGIN
                 CASE WHEN v_root THEN 'open' ELSE 'none' END, CASE WHEN v_root THEN p_due END,
                 false, '', p_now, p_now)
             ON CONFLICT (endpoint_id, dedupe_key) DO NOTHING
-            RETURNING pg_notify('claimcheck_dispatch', '') IS NULL INTO v_woke;
+            -- The dispatcher's wake follows the commit (tickets/admission.py,
+            -- core/wakes.py): never a notifying write transaction.
+            RETURNING true INTO v_woke;
             IF FOUND THEN
                 -- Its event and its count on the trace, in one statement.
                 WITH ev AS (
