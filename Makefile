@@ -19,7 +19,7 @@ TEST_WORKERS ?= 3
 # pytest-django's name for the test database (test_ + the URL's database name).
 TEST_DB_NAME = test_$(lastword $(subst /, ,$(firstword $(subst ?, ,$(TEST_DATABASE_URL)))))
 
-.PHONY: help install run soak test test-fast faults multihost lint fmt services browser pgbouncer proxy bench bench-install bench-peers bench-http bench-scale bench-all bench-compare bench-costs bench-prune clean
+.PHONY: help install run soak test test-fast faults multihost lint fmt services browser pgbouncer proxy bench bench-install bench-peers bench-http bench-scale bench-all bench-compare bench-costs bench-concurrency bench-prune clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -123,6 +123,9 @@ bench-compare: install ## flag ratios that fell beyond bench/noise.json: make be
 
 bench-costs: bench-install services ## statements, commits, WAL bytes, buffers and CPU per admission, turn, callback, delivery
 	$(PY) bench/costs.py
+
+bench-concurrency: bench-install services ## admissions at the database (pgbench) at 1-64 clients against a one-row insert and Procrastinate
+	$(PY) bench/concurrency.py
 
 bench-prune: bench-install services ## prune_ledger removing 1M finished tickets while admissions run
 	$(PY) bench/prune.py

@@ -101,6 +101,19 @@ RATIOS = [
           "reduced run: the large ledger is --large tickets"),
     Ratio("prune.p99_vs_quiet", "prune", lambda s: s["ratio"]["prune_p99_vs_quiet_p99"],
           "<=", 2.0),
+    Ratio("concurrency.admit_c1_vs_procrastinate", "concurrency",
+          lambda s: s["ratio"]["1"]["admit_vs_procrastinate"], ">=", 1.0,
+          "pgbench at the database, one client"),
+    Ratio("concurrency.admit_c32_vs_procrastinate", "concurrency",
+          lambda s: s["ratio"]["32"]["admit_vs_procrastinate"], ">=", 1.5),
+    Ratio("concurrency.admit_32_vs_8", "concurrency", lambda s: s["admit_32_vs_8"], ">=", 1.0,
+          "no negative scaling"),
+    Ratio("concurrency.admit_c32_vs_insert", "concurrency",
+          lambda s: s["ratio"]["32"]["admit_vs_insert"], ">=", 0.25),
+    Ratio("costs.notifications_in_write_transactions", "costs",
+          lambda s: max(v.get("notifications_in_write_transactions", 1)
+                        for v in s["per_operation"].values()), "==", 0,
+          "no NOTIFY inside a write transaction (core/wakes.py)"),
     Ratio("costs.admission_statements", "costs",
           lambda s: s["per_operation"]["admission"]["statements"], "<=", 1.0),
     Ratio("costs.turn_commits", "costs", lambda s: s["per_operation"]["turn"]["commits"],
@@ -121,6 +134,7 @@ SCRIPTS = {
                "--large-results", "500"],
     "prune": ["bench/prune.py", "--tickets", "100000", "--quiet-s", "15"],
     "costs": ["bench/costs.py", "-n", "200"],
+    "concurrency": ["bench/concurrency.py", "-T", "5", "--reps", "1", "--clients", "1,8,32,64"],
 }  # fmt: skip
 
 

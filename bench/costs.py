@@ -185,6 +185,11 @@ class Meter:
 
     def __init__(self):
         self.statements = 0
+        # The waker's statements (core/wakes.py: the NOTIFYs after commit, on
+        # a session and thread of their own), counted apart: each is one
+        # read-only transaction off the caller's path, and under load one
+        # serves many wakes.
+        self.wakes = 0
         # Statements that may NOTIFY (their text names pg_notify; a branch
         # may skip it): an upper bound, beside the notifications counted.
         self.notifying = 0
@@ -196,6 +201,9 @@ class Meter:
         plain, many = psycopg.Cursor.execute, psycopg.Cursor.executemany
 
         def execute(cur, query, *a, **kw):
+            if threading.current_thread().name == "claimcheck-waker":
+                meter.wakes += 1
+                return plain(cur, query, *a, **kw)
             meter.statements += 1
             text = query if isinstance(query, str | bytes) else repr(query)
             if (
@@ -283,12 +291,14 @@ def measure(
     notifications, notified_inside = drain(listener, pid)
     delta = {k: after[k] - before[k] for k in after}
     delta["commits"] -= 1  # the pg_backend_pid() query's own transaction
+    delta["commits"] -= meter.wakes  # counted apart: wake_commits
     per = {
         "statements": meter.statements / n,
         "commits": delta["commits"] / n,
         # Transactions that wrote: the commits that wait for a WAL flush.
         "write_commits": wal["commit_records"] / n,
         "notifying_statements": meter.notifying / n,
+        "wake_commits": meter.wakes / n,
         "notifications": notifications / n,
         "notifications_in_write_transactions": notified_inside / n,
         "wal_bytes": wal["bytes"] / n,
