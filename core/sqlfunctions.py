@@ -12,9 +12,18 @@ they are installed once every migration of the plan has run.
 
 A function whose installed body already matches its file (the file's digest
 is kept as the function's comment) is left alone, so a ``migrate`` with
-nothing new does not invalidate every session's cached plans. A changed
-function is dropped and created in one transaction, with every overload of
-its name, so a changed signature leaves no stale overload behind."""
+nothing new does not invalidate every session's cached plans.
+
+Rolling upgrades (docs/deploy.md, "Upgrades"): ``migrate`` of a release runs
+while the previous release's web and workers keep calling these functions.
+So a changed body replaces the old one in place (``CREATE OR REPLACE``: the
+callers of the same signature go on, and each session re-plans), but a
+changed signature -- arguments, their names (callers use named notation),
+or the result's columns -- is refused here: such a function gets a new
+versioned name (``claimcheck_admit_v2.sql``), the release calls the new
+name, and the old function stays for the old release until the post-deploy
+step (``manage.py post_deploy``) drops what the folder's ``RETIRED`` file
+lists, once no process of the old release runs."""
 
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
@@ -44,27 +53,87 @@ def sources(folder: Path) -> dict[str, str]:
     return {path.stem: path.read_text() for path in sorted(folder.glob("*.sql"))}
 
 
+class SignatureChanged(RuntimeError):
+    """A function's file changed what its callers rely on: it needs a new name."""
+
+
+def _signature_changed(path: Path, name: str, detail: str) -> SignatureChanged:
+    return SignatureChanged(
+        f"{path}: {detail}. The running release still calls {name} as it was: give the "
+        f"changed function a new versioned name ({name}_v2.sql, called by the new release) "
+        f"and list the old signature in {path.parent / RETIRED} for `manage.py post_deploy` "
+        "(docs/deploy.md, Upgrades)"
+    )
+
+
+# The file naming the functions a post-deploy step drops: one
+# ``name(argument types)`` a line, as ``regprocedure`` prints it.
+RETIRED = "RETIRED"
+
+
 def install(connection: BaseDatabaseWrapper, folder: Path) -> list[str]:
-    """Create or replace every function of ``folder`` whose installed body
-    differs from its file; the names of those (re)created."""
+    """Create every function of ``folder`` that is missing, and replace in
+    place every one whose body differs from its file; the names of those
+    written. A file that would change a function's signature or result
+    raises ``SignatureChanged`` and writes nothing."""
+    from psycopg import errors
+
     changed = []
     with transaction.atomic(using=connection.alias), connection.cursor() as cur:
         for name, source in sources(folder).items():
+            path = folder / f"{name}.sql"
             want = digest(source)
             cur.execute(_INSTALLED, [name])
             installed = cur.fetchall()
             if len(installed) == 1 and installed[0][1] == want:
                 continue
-            for signature, _ in installed:
-                cur.execute(f"DROP FUNCTION {signature}")
-            cur.execute(source)
+            if len(installed) > 1:
+                raise RuntimeError(f"{name} has {len(installed)} overloads; expected one")
+            try:
+                with transaction.atomic(using=connection.alias):
+                    cur.execute(source)
+            except DatabaseError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, errors.InvalidFunctionDefinition):  # result or names
+                    raise _signature_changed(path, name, str(cause).splitlines()[0]) from exc
+                raise
             cur.execute(_INSTALLED, [name])
             created = cur.fetchall()
             if len(created) != 1:
-                raise RuntimeError(f"{folder / name}.sql must create exactly one function {name}")
+                if installed:  # CREATE OR REPLACE with other arguments made an overload
+                    raise _signature_changed(
+                        path, name, f"its arguments changed (installed: {installed[0][0]})"
+                    )
+                raise RuntimeError(f"{path} must create exactly one function {name}")
             cur.execute(f"COMMENT ON FUNCTION {created[0][0]} IS %s", [want])
             changed.append(name)
     return changed
+
+
+def retired(folder: Path) -> list[str]:
+    """The signatures ``folder``'s RETIRED file lists (comments with #)."""
+    path = folder / RETIRED
+    if not path.exists():
+        return []
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def drop_retired(connection: BaseDatabaseWrapper, folder: Path) -> list[str]:
+    """The post-deploy step: drop the functions ``folder``'s RETIRED file
+    lists (those still installed); the signatures dropped. Run it once no
+    process of the previous release runs: they may still call them."""
+    dropped = []
+    with transaction.atomic(using=connection.alias), connection.cursor() as cur:
+        for signature in retired(folder):
+            name = signature.split("(", 1)[0]
+            if name in sources(folder):
+                raise RuntimeError(f"{folder / RETIRED} retires {name}, which a file still defines")
+            cur.execute("SELECT to_regprocedure(%s) IS NOT NULL", [signature])
+            if cur.fetchone()[0]:
+                cur.execute(f"DROP FUNCTION {signature}")
+                dropped.append(signature)
+    return dropped
 
 
 def installer(folder: Path):

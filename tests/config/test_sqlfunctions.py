@@ -1,6 +1,7 @@
 """The transition functions' files (``<app>/sql/*.sql``) are what the
 database runs: installed after migrate, left alone when unchanged, replaced
-whole (every overload) when their file changes."""
+in place when their body changes; a changed signature is refused (it needs
+a versioned name, the old function retired by ``post_deploy``)."""
 
 from __future__ import annotations
 
@@ -75,20 +76,85 @@ def owner():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_changed_file_replaces_the_function_and_its_overloads(owner, tmp_path):
+def test_a_changed_body_replaces_the_function_in_place(owner, tmp_path):
+    """CREATE OR REPLACE: the same function (oid), so the previous release's
+    callers, which may hold it prepared, go on with the new body."""
     probe = tmp_path / "claimcheck_probe.sql"
     probe.write_text(_fn("p + 1"))
     assert sqlfunctions.install(owner, tmp_path) == ["claimcheck_probe"]
-    assert _call(owner, "SELECT claimcheck_probe(1)") == 2
+    assert _call(owner, "SELECT claimcheck_probe(p => 1)") == 2
+    oid = _call(owner, "SELECT 'claimcheck_probe(integer)'::regprocedure::oid")
     assert sqlfunctions.install(owner, tmp_path) == []
 
-    # A new body and a new signature: the old overload goes with it.
-    probe.write_text(_fn("p + q", "p integer, q integer"))
+    probe.write_text(_fn("p + 2"))
     assert sqlfunctions.install(owner, tmp_path) == ["claimcheck_probe"]
-    assert _call(owner, "SELECT claimcheck_probe(1, 5)") == 6
+    assert _call(owner, "SELECT claimcheck_probe(p => 1)") == 3
+    assert _call(owner, "SELECT 'claimcheck_probe(integer)'::regprocedure::oid") == oid
+
+
+@pytest.mark.parametrize(
+    "changed, why",
+    [
+        (_fn("p + q", "p integer, q integer"), "its arguments changed"),
+        (_fn("x", "x integer"), "cannot change name of input parameter"),
+        (
+            "CREATE OR REPLACE FUNCTION claimcheck_probe(p integer) RETURNS text\n"
+            "LANGUAGE sql AS $$ SELECT p::text $$;\n",
+            "cannot change return type",
+        ),
+    ],
+    ids=["arguments", "argument-names", "result"],
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_changed_signature_in_place_is_refused(owner, tmp_path, changed, why):
+    """What the previous release calls must not change under it during a
+    rolling upgrade: a new signature needs a new versioned name. Nothing is
+    written, and the installed function still answers its callers."""
+    probe = tmp_path / "claimcheck_probe.sql"
+    probe.write_text(_fn("p + 1"))
+    sqlfunctions.install(owner, tmp_path)
+    probe.write_text(changed)
+    with pytest.raises(sqlfunctions.SignatureChanged, match=why) as refused:
+        sqlfunctions.install(owner, tmp_path)
+    assert "claimcheck_probe_v2.sql" in str(refused.value)
+    assert _call(owner, "SELECT claimcheck_probe(p => 1)") == 2
     with owner.cursor() as cur:
         cur.execute(sqlfunctions._INSTALLED, ["claimcheck_probe"])
-        assert [sig for sig, _ in cur.fetchall()] == ["claimcheck_probe(integer,integer)"]
+        assert [sig for sig, _ in cur.fetchall()] == ["claimcheck_probe(integer)"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_versioned_successor_keeps_the_old_function_until_post_deploy(owner, tmp_path):
+    """The new release adds claimcheck_probe_v2 beside the old function
+    (which the old release still calls) and retires the old one; only the
+    post-deploy step drops it."""
+    (tmp_path / "claimcheck_probe.sql").write_text(_fn("p + 1"))
+    sqlfunctions.install(owner, tmp_path)
+
+    (tmp_path / "claimcheck_probe.sql").unlink()
+    (tmp_path / "claimcheck_probe_v2.sql").write_text(
+        _fn("p + q", "p integer, q integer").replace("claimcheck_probe(", "claimcheck_probe_v2(")
+    )
+    (tmp_path / sqlfunctions.RETIRED).write_text(
+        "# kept for the previous release until post_deploy\nclaimcheck_probe(integer)\n"
+    )
+    assert sqlfunctions.install(owner, tmp_path) == ["claimcheck_probe_v2"]
+    assert _call(owner, "SELECT claimcheck_probe(p => 1)") == 2  # the old release's call
+    assert _call(owner, "SELECT claimcheck_probe_v2(p => 1, q => 5)") == 6
+
+    assert sqlfunctions.drop_retired(owner, tmp_path) == ["claimcheck_probe(integer)"]
+    assert sqlfunctions.drop_retired(owner, tmp_path) == []  # idempotent
+    with owner.cursor() as cur:
+        cur.execute(sqlfunctions._INSTALLED, ["claimcheck_probe"])
+        assert cur.fetchall() == []
+        cur.execute("DROP FUNCTION claimcheck_probe_v2(integer, integer)")
+
+
+def test_the_release_retires_nothing_it_still_defines():
+    for folder in FOLDERS:
+        assert not set(s.split("(")[0] for s in sqlfunctions.retired(folder)) & set(
+            sqlfunctions.sources(folder)
+        )
 
 
 @pytest.mark.django_db(transaction=True)
