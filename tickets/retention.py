@@ -268,7 +268,8 @@ def prune(
             # Autocommit: each call is its own transaction; a batch holds its
             # row locks only for itself.
             cur.execute(
-                "SELECT * FROM claimcheck_prune_ledger(%s, %s, %s, %s)",
+                "SELECT * FROM claimcheck_prune_ledger("
+                "cutoff => %s, max_traces => %s, dry_run => %s, keep_history => %s)",
                 [cutoff, 2**31 - 1 if dry_run else batch, dry_run, keep_history],
             )
             row = dict(zip(COUNTS, cur.fetchone(), strict=True))

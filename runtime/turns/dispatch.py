@@ -55,7 +55,9 @@ def release_lock(*, endpoint_id: int, turn: Turn) -> None:
     # which the turn's finish calls too: the release is written in one place.
     # It raises when the turn does not hold the lock (the caller checked: a bug).
     with call_cursor() as cur:
-        cur.execute("SELECT claimcheck_release_lock(%s, %s)", [endpoint_id, turn.id])
+        cur.execute(
+            "SELECT claimcheck_release_lock(p_endpoint => %s, p_turn => %s)", [endpoint_id, turn.id]
+        )
         waiting = cur.fetchone()[0]
     if waiting is not None:
         publish_next(waiting)
@@ -89,7 +91,7 @@ def dispatch_next(*, endpoint_id: int) -> None:
     # claimcheck_next_ticket (runtime/sql/claimcheck_next_ticket.sql), the
     # step claimcheck_release_lock ends with: written in one place.
     with call_cursor() as cur:
-        cur.execute("SELECT claimcheck_next_ticket(%s)", [endpoint_id])
+        cur.execute("SELECT claimcheck_next_ticket(p_endpoint => %s)", [endpoint_id])
         waiting = cur.fetchone()[0]
     if waiting is not None:
         publish_next(waiting)

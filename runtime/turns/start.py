@@ -114,7 +114,8 @@ def started_columns(endpoint: str, turn: str, ticket: str) -> str:
 # claimcheck_start_turn: runtime/sql/claimcheck_start_turn.sql.
 _START_SQL = (
     f"SELECT {started_columns('o_endpoint', 'o_turn', 'o_ticket')} "
-    "FROM claimcheck_start_turn(%s, %s, %s, %s::jsonb, %s, %s, %s, %s) r"
+    "FROM claimcheck_start_turn(p_ticket => %s, p_turn => %s, p_task => %s,"
+    " p_worker => %s::jsonb, p_token_sha256 => %s, p_actor => %s, p_node => %s, p_pid => %s) r"
 )
 
 

@@ -46,7 +46,8 @@ def on_root_terminal(*, ticket: Ticket) -> tuple[Delivery, dict[str, str] | None
     # second row anyway.
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT o_id, o_mode, o_state, o_due FROM claimcheck_open_delivery(%s, %s, %s)",
+            "SELECT o_id, o_mode, o_state, o_due FROM claimcheck_open_delivery("
+            "p_ticket => %s, p_delivery => %s, p_now => %s)",
             [ticket.id, new_id(), timezone.now()],
         )
         row = cur.fetchone()
