@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db.models.expressions import RawSQL
 
 from core.errors import Forbidden
 from endpoints.models import Endpoint, EndpointGeneration
@@ -57,18 +57,14 @@ WITH RECURSIVE up AS (
     FROM {Ticket._meta.db_table} t JOIN up ON t.id = up.parent_id
     WHERE up.submitted_by_id IS NULL
 )
-SELECT submitted_by_id FROM up WHERE submitted_by_id IS NOT NULL OR parent_id IS NULL LIMIT 1
+SELECT submitted_by_id FROM up WHERE submitted_by_id IS NOT NULL
 """
 
 
 def trace_submitter(parent_id: uuid.UUID):
-    """The user whose rights a child of ``parent_id`` carries, or None."""
-    with connection.cursor() as cur:
-        cur.execute(_SUBMITTER_SQL, [parent_id])
-        row = cur.fetchone()
-    if row is None or row[0] is None:
-        return None
-    return get_user_model().objects.filter(id=row[0]).first()
+    """The user whose rights a child of ``parent_id`` carries, or None (one
+    query: the walk up the chain as the user's subquery)."""
+    return get_user_model().objects.filter(id__in=RawSQL(_SUBMITTER_SQL, [parent_id])).first()
 
 
 def named_by_owners(asked_by: AskingTurn, target: Endpoint, requested: str) -> bool:
