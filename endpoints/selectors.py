@@ -67,6 +67,35 @@ def may_submit(user, endpoint: Endpoint) -> bool:
     return get_user_model().objects.filter(allowed, id=user.id).exists()
 
 
+def owners_may_submit(owners_id: int | None, endpoint: Endpoint) -> bool:
+    """May the owners group ``owners_id`` (of another endpoint) submit to
+    ``endpoint``? Yes when it is unrestricted, when the group owns it or is
+    a listed submitter group, or when the group has active members and
+    every one of them may submit (``may_submit``). Every member, not one:
+    co-owners share what their endpoint does, so one owner's own right is
+    not the others'. Queries only for a restricted endpoint."""
+    if not endpoint.submit_restricted:
+        return True
+    if owners_id is None:
+        return False
+    if owners_id == endpoint.owners_id:
+        return True
+    groups = Endpoint.submitter_groups.through.objects.filter(endpoint_id=endpoint.id)
+    if groups.filter(group_id=owners_id).exists():
+        return True
+    users = Endpoint.submitter_users.through.objects.filter(endpoint_id=endpoint.id)
+    allowed = (
+        Q(is_staff=True)
+        | Q(id__in=users.values("user_id"))
+        | Q(groups__in=groups.values("group_id"))
+    )
+    if endpoint.owners_id is not None:
+        allowed |= Q(groups__id=endpoint.owners_id)
+    members = get_user_model().objects.filter(groups__id=owners_id, is_active=True)
+    permitted = get_user_model().objects.filter(allowed).values("id")
+    return members.exists() and not members.exclude(id__in=permitted).exists()
+
+
 def submitters_payload(endpoint: Endpoint) -> dict[str, list[str]] | None:
     """``{users, groups}`` (names, sorted) of a restricted endpoint, else None."""
     if not endpoint.submit_restricted:

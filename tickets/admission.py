@@ -44,6 +44,7 @@ from core.wakes import wake
 from endpoints.models import Endpoint
 from endpoints.selectors import may_submit, quarantine_case
 
+from . import rights
 from .models import (
     CallbackState,
     DeliveryState,
@@ -95,6 +96,7 @@ def admit_ticket(
     rerun_of_id: uuid.UUID | None = None,
     submitted_by_id: int | None = None,
     submitter: AbstractBaseUser | None = None,
+    asked_by: rights.AskingTurn | None = None,
     actor: str = "",
 ) -> Admitted:
     """Admit one ticket (DESIGN.md flow 1).
@@ -105,7 +107,10 @@ def admit_ticket(
     caller learns nothing about existing tickets), a ``parent`` must be a
     ticket they may see, and a duplicate they may not see is a
     ``dedupe_conflict`` that names no ticket. Admissions by the runtime
-    itself (children, callbacks, re-runs) have no submitter.
+    itself have no submitter: a child a turn asks for names that turn in
+    ``asked_by`` and goes only where ``rights.require_child_rights`` lets
+    it (403 otherwise); a callback home, an owner's re-run or approval and
+    an owner's retry are the people's own acts on their endpoints.
 
     1. Check the caps and the dedupe key's shape; a parent the submitter
        may not see is 404.
@@ -139,6 +144,8 @@ def admit_ticket(
     sha = hashlib.sha256(body).hexdigest()
     if submitter is not None:
         submitted_by_id = submitter.id
+    if asked_by is not None and (submitter is not None or parent_id is None):
+        raise ValueError("a ticket asked for by a turn has a parent and no submitter")
 
     return _admit(
         address=endpoint,
@@ -154,6 +161,7 @@ def admit_ticket(
         rerun_of_id=rerun_of_id,
         submitted_by_id=submitted_by_id,
         submitter=submitter,
+        asked_by=asked_by,
         actor=actor,
     )
 
@@ -186,6 +194,7 @@ def _admit(
     rerun_of_id: uuid.UUID | None,
     submitted_by_id: int | None,
     submitter: AbstractBaseUser | None,
+    asked_by: rights.AskingTurn | None,
     actor: str,
 ) -> Admitted:
     # The parent must be a ticket the submitter may see (a read; the
@@ -212,8 +221,9 @@ def _admit(
         callback_for_id,
         rerun_of_id,
         submitted_by_id,
-        # The runtime's own admissions (no submitter) may submit anywhere.
-        submitter is None,
+        # The runtime's own admissions (no submitter) may submit anywhere,
+        # but for a turn's children (asked_by: their rights, below).
+        submitter is None and asked_by is None,
         actor,
         now,
         now + timedelta(seconds=settings.OBLIGATION_UPDATE_INTERVAL_S),
@@ -224,7 +234,13 @@ def _admit(
     if row[0] == "restricted":
         # Who may submit to a restricted endpoint is the directory's rule,
         # asked before anything is looked up; then the function again.
-        _require_submit(submitter, row)
+        _require_submit(
+            submitter,
+            row,
+            asked_by=asked_by,
+            parent_id=parent_id,
+            requested=(address, return_to),
+        )
         params[13] = True
         row = _call(params)
     if row[0] == "retry":
@@ -251,20 +267,36 @@ def _call(params: list) -> tuple:
         return cur.fetchone()
 
 
-def _require_submit(submitter: AbstractBaseUser | None, row: tuple) -> None:
+def _require_submit(
+    submitter: AbstractBaseUser | None,
+    row: tuple,
+    *,
+    asked_by: rights.AskingTurn | None,
+    parent_id: uuid.UUID | None,
+    requested: tuple[str, str | None],
+) -> None:
     """``may_submit`` for the endpoint and the return_to as the function read
-    them (id, address, submit_restricted, owners): one query for the check."""
+    them (id, address, submit_restricted, owners): one query for the check.
+    A turn's child: the rights it carries (``rights.require_child_rights``)."""
     # In the model's field order: from_db reads partial values in that order.
     wanted = {"id", "address", "submit_restricted", "owners_id"}
     names = [f.attname for f in Endpoint._meta.concrete_fields if f.attname in wanted]
     data = row[12]
     if isinstance(data, str | bytes):  # Django's jsonb loader leaves it text
         data = json.loads(data)
-    for fields in data:
+    for i, fields in enumerate(data):
         if fields is None:
             continue
         target = Endpoint.from_db(connection.alias, names, [fields[n] for n in names])
-        if not may_submit(submitter, target):
+        if asked_by is not None:
+            rights.require_child_rights(
+                asked_by=asked_by,
+                parent_id=parent_id,
+                target=target,
+                requested=requested[i] or target.address,
+                return_to=i == 1,
+            )
+        elif not may_submit(submitter, target):
             raise Forbidden(f"you may not submit tickets to {target.address}")
 
 

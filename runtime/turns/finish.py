@@ -28,6 +28,7 @@ from core.wakes import wake
 from tickets import lifecycle, terminal
 from tickets.admission import admit_ticket
 from tickets.models import CallbackState, Ticket, TicketState
+from tickets.rights import AskingTurn
 from tickets.waits import TICKET_CHANNEL
 
 from .. import runners
@@ -262,8 +263,11 @@ def _admit_children(wait, *, parent: Ticket, turn: Turn, actor: str, key_prefix:
     """Admit a wait's children under ``parent``, each returning to the turn's
     endpoint with the wait's continuation, all or none (a savepoint): the
     ids in order, or the first child's DomainError. A child without its own
-    dedupe key gets ``<key_prefix>/child/<i>``, stable across a retry."""
+    dedupe key gets ``<key_prefix>/child/<i>``, stable across a retry. Each
+    carries the rights of its trace's submitter or of the turn's owners
+    (tickets/rights.py): a target neither may submit to is ``forbidden``."""
     children: list[str] = []
+    asked_by = AskingTurn(endpoint_id=turn.endpoint_id, generation=turn.generation)
     with transaction.atomic():
         for i, child in enumerate(wait.children):
             admitted = admit_ticket(
@@ -273,6 +277,7 @@ def _admit_children(wait, *, parent: Ticket, turn: Turn, actor: str, key_prefix:
                 parent_id=parent.id,
                 return_to=turn.endpoint.address,
                 continuation=wait.continuation,
+                asked_by=asked_by,
                 actor=actor,
             )
             children.append(str(admitted.ticket.id))
