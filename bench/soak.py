@@ -477,10 +477,11 @@ def report(traffic, stack, restart, since, drained, took) -> dict:
         },
         "approved": len(traffic.approved),
         "agent_tool_calls_decided": dict(traffic.decided),
-        # Which turns completed the agent's waiting tickets: an approval
-        # ticket's or a child's callback's (docs/design.md, "Who completes a
-        # waiting ticket"); the audit below checks each.
-        "agent_completed_by": dict(
+        # Which turns completed the waiting tickets (demo.research's and
+        # demo.agent's): an approval ticket's or a child's callback's
+        # (docs/design.md, "Who completes a waiting ticket"); the audit
+        # below checks each.
+        "waiting_tickets_completed_by": dict(
             ledger(
                 "SELECT CASE WHEN x.callback_for_id IS NULL THEN 'approval' ELSE 'callback' END,"
                 " count(*) FROM tickets_ticket t JOIN runtime_turn u"
