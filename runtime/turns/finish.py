@@ -479,9 +479,10 @@ def _evidence_detail(outcome: Outcome) -> dict[str, Any]:
 
 
 def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: str) -> None:
-    """A callback's turn completes (or keeps waiting) the ticket it reports
-    to. Only a waiting ticket of this same endpoint can be resumed; anything
-    else is recorded and ignored (a repeated callback after completion)."""
+    """A callback's or approval's turn completes (or keeps waiting) the
+    ticket it answers. Only a waiting ticket of this same endpoint that the
+    turn's ticket answers (``answers``) can be resumed; anything else is
+    recorded and refused, or ignored (a repeated callback after completion)."""
     try:
         target_id = uuid.UUID(str(resume.ticket))
     except ValueError:
