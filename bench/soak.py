@@ -5,8 +5,12 @@ It starts `make run`'s supervisor itself (scripts/run.py, on ``SOAK_PORT``,
 default 8020, in this checkout's var/ or ``CLAIMCHECK_VAR_DIR``) and sends,
 at about ``--per-minute`` tickets a minute: demo.echo (half of them with
 ``wait_s``), demo.sleep, demo.research (children to demo.echo), demo.fail,
-demo.stubborn (an isolated turn stopped by the escalation) and tickets to an
-endpoint that requires approval, which it approves. Twice (at a quarter and
+demo.stubborn (an isolated turn stopped by the escalation), tickets to an
+endpoint that requires approval, which it approves, and demo.agent's
+documented flows: a delegation to demo.echo resumed by a child's callback,
+and a tool call that needs an owner, approved (three in four) or denied
+through ``/endpoints/demo.agent/approvals`` and resumed by the approval
+ticket's turn. Twice (at a quarter and
 at three quarters of the run) it fills every turns slot with demo.stuck
 turns on two endpoints of its own, waits for their quarantine, decides the
 cases as their owner and asks "stop the process" for both while every slot
@@ -52,15 +56,18 @@ from core import embedded  # noqa: E402
 TERMINAL = {"succeeded", "failed", "cancelled", "orphaned"}
 STUCK = ("soak.stuck.a", "soak.stuck.b")
 APPROVE = "soak.approve"
+AGENT = "demo.agent"
 # Share of the traffic by kind (the stuck turns come on their own schedule).
 MIX = {
-    "echo": 40,
-    "echo_wait": 20,
+    "echo": 34,
+    "echo_wait": 18,
     "sleep": 10,
     "research": 8,
     "approve": 10,
     "fail": 5,
     "stubborn": 1,
+    "agent_delegate": 4,
+    "agent_approve": 4,
 }
 
 
@@ -140,6 +147,7 @@ class Traffic:
         self.retries = 0
         self.echo_wait_s: list[float] = []
         self.approved: set[str] = set()
+        self.decided: Counter = Counter()  # the agent's tool calls: approved, denied
         self.stops: list[dict] = []
 
     def call(self, method: str, path: str, body: dict | None = None, patience: float = 180.0):
@@ -194,6 +202,46 @@ class Traffic:
             ticket = self.submit(kind, APPROVE, {"n": random.random()})
             if ticket:
                 threading.Thread(target=self.approve, args=(ticket["id"],), daemon=True).start()
+        elif kind == "agent_delegate":
+            words = random.sample(["alpha", "beta", "gamma", "delta"], random.choice([1, 2]))
+            self.submit(kind, AGENT, {"prompt": "delegate " + ", ".join(words)})
+        elif kind == "agent_approve":
+            ticket = self.submit(kind, AGENT, {"prompt": f"send soak-{random.randrange(1000)}"})
+            if ticket:
+                threading.Thread(target=self.decide, args=(ticket["id"],), daemon=True).start()
+
+    def decide(self, ticket_id: str) -> None:
+        """An owner's decision on the agent's pending tool call, once the
+        approvals list shows it: approve three in four, deny the rest."""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            response = self.call("GET", f"/endpoints/{AGENT}/approvals")
+            calls = (
+                [c for c in response.json() if c["ticket"] == ticket_id]
+                if (response.status_code == 200)
+                else []
+            )
+            if calls:
+                approve = random.random() < 0.75
+                decided = self.call(
+                    "POST",
+                    f"/endpoints/{AGENT}/approvals/{ticket_id}/{calls[0]['call_id']}",
+                    {"approve": approve, "reason": "soak: " + ("go" if approve else "not now")},
+                )
+                with self.lock:
+                    if decided.status_code == 200:
+                        self.decided["approved" if approve else "denied"] += 1
+                    else:
+                        self.errors[f"agent decision {decided.status_code}"] += 1
+                return
+            state = self.call("GET", f"/tickets/{ticket_id}")
+            if state.status_code == 200 and state.json()["state"] in TERMINAL:
+                with self.lock:
+                    self.errors["agent call ended before a decision"] += 1
+                return
+            time.sleep(1)
+        with self.lock:
+            self.errors["agent call: no pending approval within 300 s"] += 1
 
     def approve(self, ticket_id: str) -> None:
         deadline = time.monotonic() + 300
@@ -428,6 +476,20 @@ def report(traffic, stack, restart, since, drained, took) -> dict:
             "max": round(waits[-1], 3) if waits else None,
         },
         "approved": len(traffic.approved),
+        "agent_tool_calls_decided": dict(traffic.decided),
+        # Which turns completed the waiting tickets (demo.research's and
+        # demo.agent's): an approval ticket's or a child's callback's
+        # (docs/design.md, "Who completes a waiting ticket"); the audit
+        # below checks each.
+        "waiting_tickets_completed_by": dict(
+            ledger(
+                "SELECT CASE WHEN x.callback_for_id IS NULL THEN 'approval' ELSE 'callback' END,"
+                " count(*) FROM tickets_ticket t JOIN runtime_turn u"
+                " ON u.id = t.completed_by_turn_id JOIN tickets_ticket x ON x.id = u.ticket_id"
+                " WHERE t.id = ANY(%s::uuid[]) GROUP BY 1",
+                (ids,),
+            )
+        ),
         "client_retries (restart window, 503)": traffic.retries,
         "errors": dict(traffic.errors),
         "restart": {k: round(v, 1) if isinstance(v, float) else v for k, v in restart.items()},

@@ -19,6 +19,12 @@ from .selectors import owned_endpoint_ids, requires_second_person
 # however long the generation ran. Its count of turns is exact (seq range).
 OUTCOME_SAMPLE = 1000
 
+# Turns whose end is evidenced (a finish, a proven stop): the only ones a
+# run time is figured from. An uncertain turn has no end, and an
+# unresolved one's ended_at is the owner's decision, not when it stopped;
+# both are counted apart (quarantined).
+ENDED_ON_EVIDENCE = ("completed", "failed", "stopped")
+
 
 def generation_payload(generation: EndpointGeneration) -> dict[str, Any]:
     return {
@@ -58,9 +64,10 @@ SELECT count(*),
     count(*) FILTER (WHERE s.state = 'stopped'),
     count(*) FILTER (WHERE s.state IN ('uncertain', 'unresolved')),
     count(*) FILTER (WHERE s.state IN ('running', 'interrupting')),
+    count(*) FILTER (WHERE s.state = ANY(%(known)s) AND s.ended_at IS NOT NULL),
     percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (
         ORDER BY extract(epoch FROM s.ended_at - s.started_at))
-        FILTER (WHERE s.ended_at IS NOT NULL)
+        FILTER (WHERE s.state = ANY(%(known)s) AND s.ended_at IS NOT NULL)
 FROM (SELECT u.state, u.started_at, u.ended_at FROM runtime_turn u
       WHERE u.endpoint_id = %(endpoint)s AND u.seq BETWEEN %(first)s AND %(last)s
       ORDER BY u.seq DESC LIMIT %(sample)s) s
@@ -73,7 +80,8 @@ def outcomes(endpoint: Endpoint, numbers: list[int]) -> dict[int, dict[str, Any]
     have no gaps), and over its newest ``OUTCOME_SAMPLE`` of them
     (``sampled``): how they ended (succeeded, failed, timed out = interrupted
     and proven stopped, quarantined = never proven stopped), still running,
-    and p50 / p95 run time of those that ended. Reads at most
+    and p50 / p95 run time of those that ended on evidence (``measured``;
+    a quarantined turn's end is not known). Reads at most
     ``OUTCOME_SAMPLE`` rows of the (endpoint, seq) index per generation,
     however many turns it ran (counting all 50,000 of a generation at a
     million tickets took 275 ms)."""
@@ -86,9 +94,15 @@ def outcomes(endpoint: Endpoint, numbers: list[int]) -> dict[int, dict[str, Any]
         for number, first, last in ranges:
             cur.execute(
                 _SAMPLE_SQL,
-                {"endpoint": endpoint.id, "first": first, "last": last, "sample": OUTCOME_SAMPLE},
+                {
+                    "endpoint": endpoint.id,
+                    "first": first,
+                    "last": last,
+                    "sample": OUTCOME_SAMPLE,
+                    "known": list(ENDED_ON_EVIDENCE),
+                },
             )
-            sampled, ok, failed, timed_out, quarantined, running, pct = cur.fetchone()
+            sampled, ok, failed, timed_out, quarantined, running, measured, pct = cur.fetchone()
             p50, p95 = pct if pct else (None, None)
             result[number] = {
                 "generation": number,
@@ -99,6 +113,7 @@ def outcomes(endpoint: Endpoint, numbers: list[int]) -> dict[int, dict[str, Any]
                 "timed_out": timed_out,
                 "quarantined": quarantined,
                 "running": running,
+                "measured": measured,
                 "p50_s": None if p50 is None else round(p50, 3),
                 "p95_s": None if p95 is None else round(p95, 3),
             }
@@ -112,7 +127,17 @@ def side_by_side(endpoint: Endpoint, number: int | None = None) -> list[dict[str
     numbers = [n for n in (number, number - 1) if n >= 1]
     found = outcomes(endpoint, numbers)
     empty = dict.fromkeys(
-        ("turns", "sampled", "succeeded", "failed", "timed_out", "quarantined", "running"), 0
+        (
+            "turns",
+            "sampled",
+            "succeeded",
+            "failed",
+            "timed_out",
+            "quarantined",
+            "running",
+            "measured",
+        ),
+        0,
     )
     return [
         found.get(n) or {"generation": n, **empty, "p50_s": None, "p95_s": None} for n in numbers

@@ -68,6 +68,10 @@ class OutcomesOut(Out):
     timed_out: int
     quarantined: int
     running: int
+    # How many of them ended on evidence (completed, failed, stopped): the
+    # run-time percentiles are over these only; a quarantined turn has no
+    # known end and is counted apart.
+    measured: int = 0
     p50_s: float | None = None
     p95_s: float | None = None
 

@@ -18,12 +18,15 @@ Kinds of violation (each names the ids involved):
   endpoint in start order, not unique, or above the endpoint's ``turn_seq``.
 - ``foreign_result``: a result that did not come from the ticket's
   registered turn. A succeeded ticket's completing turn is its own turn
-  (``ticket.turn``, completed, of this ticket) or, for a ticket that waited
-  on children, the attributed callback turn (``completed_by_turn``: a
-  completed turn of the same endpoint that ran a callback ticket of the same
-  trace, see ``runtime.turns.finish``); the transition event to
-  ``succeeded`` names that turn. A result on a ticket that did not succeed,
-  and a context entry that is not its turn's, are violations too.
+  (``ticket.turn``, completed, of this ticket) or, for a ticket that waited,
+  the turn it is attributed to (``completed_by_turn``), which must be one
+  that may complete it (docs/design.md, "Who completes a waiting ticket";
+  ``runtime.turns.finish.answers``): a completed turn of the same endpoint
+  and trace that ran one of its callbacks or approval tickets (or an
+  owner's re-run of one), later than the turn that asked for its last
+  round. The transition event to ``succeeded`` names that turn. A result
+  on a ticket that did not succeed, and a context entry that is not its
+  turn's, are violations too.
 - ``replayed_ticket``: a ticket with more than one turn or more than one
   ``turn_started`` event (work run twice).
 - ``running_without_turn``: a running ticket whose registered turn is not
@@ -245,24 +248,70 @@ SELECT kind, ids, detail FROM (
     WHERE t.state = 'succeeded' {scope_t}
 ) s WHERE detail IS NOT NULL
 UNION ALL
--- A ticket that waited on children: the callback turn it is attributed to
--- (rare rows, through the completed_by_turn index).
+-- A ticket that waited: the turn it is attributed to (rare rows, through
+-- the completed_by_turn index) must be one that may complete it
+-- (docs/design.md, "Who completes a waiting ticket"). From that turn's
+-- ticket up through its re-runs and its callback link (each hangs under
+-- what it re-runs or reports) to the ticket it answers for: a child of
+-- the waiting ticket when a callback link was crossed, else the waiting
+-- ticket's own approval ticket.
 SELECT kind, ids, detail FROM (
+    WITH RECURSIVE done AS (
+        SELECT t.id, t.endpoint_id, t.trace_id, t.completed_by_turn_id AS by_turn
+        FROM {ticket} t
+        WHERE t.completed_by_turn_id IS NOT NULL {scope_t}
+    ), up AS (
+        SELECT d.id AS done_id, x.id, x.parent_id, x.rerun_of_id, x.callback_for_id,
+            x.endpoint_id, x.dedupe_key, x.submitted_by_id, false AS via_callback, 0 AS hops
+        FROM done d
+        JOIN {turn} cb ON cb.id = d.by_turn
+        JOIN {ticket} x ON x.id = cb.ticket_id
+        UNION ALL
+        SELECT up.done_id, n.id, n.parent_id, n.rerun_of_id, n.callback_for_id,
+            n.endpoint_id, n.dedupe_key, n.submitted_by_id,
+            up.via_callback OR up.callback_for_id = up.parent_id, up.hops + 1
+        FROM up
+        JOIN {ticket} n ON n.id = up.parent_id
+        WHERE (up.callback_for_id = up.parent_id OR up.rerun_of_id = up.parent_id)
+          AND up.hops < 64
+    ), top AS (
+        -- The first ticket up the chain that is neither a re-run nor a callback.
+        SELECT DISTINCT ON (up.done_id) up.*
+        FROM up
+        ORDER BY up.done_id, up.hops DESC
+    )
     SELECT 'foreign_result' AS kind,
-        jsonb_build_object('ticket', t.id, 'completed_by', t.completed_by_turn_id) AS ids,
+        jsonb_build_object('ticket', d.id, 'completed_by', d.by_turn) AS ids,
         CASE
             WHEN cb.id IS NULL THEN 'its attributed turn does not exist'
-            WHEN cb.endpoint_id <> t.endpoint_id THEN 'attributed to a turn of another endpoint'
+            WHEN cb.endpoint_id <> d.endpoint_id THEN 'attributed to a turn of another endpoint'
             WHEN cb.state <> 'completed' THEN 'attributed to a turn that is ' || cb.state
-            WHEN cbt.callback_for_id IS NULL
-                THEN 'attributed to turn #' || cb.seq || ', which ran no callback ticket'
-            WHEN cbt.trace_id <> t.trace_id
-                THEN 'attributed to a callback turn of another trace'
+            WHEN top.parent_id IS DISTINCT FROM d.id OR NOT (top.via_callback OR (
+                    top.endpoint_id = d.endpoint_id AND top.callback_for_id IS NULL
+                    AND top.submitted_by_id IS NULL
+                    AND starts_with(top.dedupe_key, 'approval:' || d.id || ':')))
+                THEN 'attributed to turn #' || cb.seq || ' of ticket ' || cb.ticket_id
+                     || ', which answers no call of this ticket (neither the callback of one '
+                     || 'of its children nor its approval ticket)'
+            WHEN cbt.trace_id <> d.trace_id
+                THEN 'attributed to turn #' || cb.seq || ', of another trace'
+            WHEN last_wait.seq IS NULL
+                THEN 'attributed to turn #' || cb.seq || ', but the ticket never waited'
+            WHEN cb.seq <= last_wait.seq
+                THEN 'attributed to turn #' || cb.seq || ', which ran before the round it '
+                     || 'waited on last (asked for by turn #' || last_wait.seq || ')'
         END AS detail
-    FROM {ticket} t
-    LEFT JOIN {turn} cb ON cb.id = t.completed_by_turn_id
+    FROM done d
+    LEFT JOIN {turn} cb ON cb.id = d.by_turn
     LEFT JOIN {ticket} cbt ON cbt.id = cb.ticket_id
-    WHERE t.completed_by_turn_id IS NOT NULL AND t.state = 'succeeded' {scope_t}
+    LEFT JOIN top ON top.done_id = d.id
+    -- The turn that asked for the last round (its wait event, through
+    -- event_ticket_idx).
+    LEFT JOIN LATERAL (
+        SELECT wt.seq FROM {event} e JOIN {turn} wt ON wt.id = e.turn_id
+        WHERE e.ticket_id = d.id AND e.kind IN ('waiting_for_children', 'waiting_again')
+        ORDER BY e.id DESC LIMIT 1
+    ) last_wait ON true
 ) s WHERE detail IS NOT NULL
 UNION ALL
 SELECT 'foreign_result', jsonb_build_object('ticket', t.id, 'turn', t.turn_id),

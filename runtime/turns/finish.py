@@ -505,21 +505,27 @@ def _evidence_detail(outcome: Outcome) -> dict[str, Any]:
 
 
 def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: str) -> None:
-    """A callback's turn completes (or keeps waiting) the ticket it reports
-    to. Only a waiting ticket of this same endpoint can be resumed; anything
-    else is recorded and ignored (a repeated callback after completion)."""
+    """A callback's or approval's turn completes (or keeps waiting) the
+    ticket it answers. Only a waiting ticket of this same endpoint that the
+    turn's ticket answers (``answers``) can be resumed; anything else is
+    recorded and refused, or ignored (a repeated callback after completion)."""
     try:
         target_id = uuid.UUID(str(resume.ticket))
     except ValueError:
         target_id = None
     target = Ticket.objects.select_for_update().filter(id=target_id).first() if target_id else None
+    why = None
     if target is None or target.endpoint_id != turn.endpoint_id:
+        why = "not a ticket of this endpoint"
+    elif not answers(ticket, target):
+        why = "it answers no call of this ticket"
+    if why is not None:
         lifecycle.append_event(
             ticket_id=ticket.id,
             kind="resume_refused",
             actor=actor,
             turn_id=turn.id,
-            detail={"target": str(resume.ticket), "why": "not a ticket of this endpoint"},
+            detail={"target": str(resume.ticket), "why": why},
         )
         return
     if target.state != TicketState.WAITING:
@@ -557,6 +563,45 @@ def _apply_resume(*, ticket: Ticket, turn: Turn, resume: runners.Resume, actor: 
             to=TicketState.SUCCEEDED,
             result=resume.result,
         )
+
+
+# A re-run or a callback hangs under the ticket it re-runs or reports
+# (parent = rerun_of, parent = callback_for); a chain longer than this is
+# not one the runtime writes.
+_ANSWER_CHAIN_MAX = 64
+
+
+def answers(ticket: Ticket, target: Ticket) -> bool:
+    """Whether ``ticket`` may resume the waiting ``target`` (docs/design.md,
+    "Who completes a waiting ticket"): up through its re-runs and its
+    callback link it reaches either a child of ``target`` (through a
+    callback: the child's answer) or, with no callback link, ``target``'s
+    own approval ticket (runtime-admitted, same endpoint, its key
+    ``approval:<target>:...``). recovery/audit.py checks the same rule."""
+    node, via_callback = ticket, False
+    for _ in range(_ANSWER_CHAIN_MAX):
+        parent = node.parent_id
+        if parent is None:
+            return False
+        if node.callback_for_id == parent:
+            via_callback = True
+        elif node.rerun_of_id != parent:
+            break
+        node = Ticket.objects.filter(id=parent).first()
+        if node is None:
+            return False
+    else:
+        return False
+    if node.parent_id != target.id:
+        return False
+    if via_callback:
+        return True
+    return (
+        node.endpoint_id == target.endpoint_id
+        and node.callback_for_id is None
+        and node.submitted_by_id is None
+        and (node.dedupe_key or "").startswith(f"approval:{target.id}:")
+    )
 
 
 def _end_wait(*, ticket: Ticket, target: Ticket, turn: Turn, actor: str, **ended) -> None:

@@ -364,3 +364,64 @@ def test_approved_notes_reach_the_next_turns_runner(db, owners):
         "envelope_notes": "Check the search tool answers before you plan.",
         "envelope_generation": 2,
     }
+
+
+def test_run_time_figures_count_only_turns_with_a_known_end(db, owners, api):
+    """An unresolved turn's ended_at is the owner's decision, not its end:
+    the generations table, "Did it help?" and the API leave it out of
+    p50/p95 (it is counted apart, as quarantined)."""
+    from recovery import services as recovery
+    from runtime.models import Turn
+    from tests.conftest import wait_for
+    from tests.recovery.conftest import drive_to_quarantine
+
+    olive, _ = owners
+    endpoint = _endpoint(interrupt_grace_s=0.5)
+    lost = drive_to_quarantine(_admit(endpoint).id)
+    inspection = recovery.inspect_case(case_id=lost.case.id, user=olive)
+    recovery.decide(
+        case_id=lost.case.id,
+        user=olive,
+        action="finalize_orphan",
+        inspection_id=inspection.id,
+        rationale="nobody knows when it ended",
+    )
+    # Decided 60 s after it started: fabricated time only (a test does not
+    # wait a minute); its state and end are the decision's.
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE runtime_turn SET started_at = ended_at - interval '60 seconds' WHERE id = %s",
+            [lost.turn.id],
+        )
+    unresolved = Turn.objects.get(id=lost.turn.id)
+    assert unresolved.state == "unresolved"
+    assert (unresolved.ended_at - unresolved.started_at).total_seconds() == 60
+    for _ in range(2):
+        # A turn that runs 2 s by the database's clock (which stamps both
+        # ends), then reports its success.
+        started = runtime.start_turn(ticket_id=_admit(endpoint).id)
+        wait_for(
+            lambda started=started: _db_seconds_since(started.turn.started_at) >= 2,
+            timeout=10,
+            interval=0.05,
+            message="the turn to have run 2 s",
+        )
+        runtime.finish_turn(
+            turn_id=started.turn.id,
+            seq=started.turn.seq,
+            outcome=Outcome.success({"ran": "2 s"}),
+            source="worker",
+        )
+    (current,) = side_by_side(Endpoint.objects.get(id=endpoint.id))
+    assert (current["sampled"], current["succeeded"], current["quarantined"]) == (3, 2, 1)
+    assert 2 <= current["p50_s"] < 5 and 2 <= current["p95_s"] < 5, current
+    assert current["measured"] == 2
+    # The API's generations (and a proposal's "Did it help?") read the same.
+    [listed] = api.get(f"/endpoints/{endpoint.address}/generations").json()["outcomes"]
+    assert listed == current
+
+
+def _db_seconds_since(moment) -> float:
+    with connection.cursor() as cur:
+        cur.execute("SELECT extract(epoch FROM clock_timestamp() - %s)", [moment])
+        return float(cur.fetchone()[0])

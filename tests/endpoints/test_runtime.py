@@ -113,3 +113,43 @@ def test_a_waiting_ticket_cannot_be_resumed_by_another_endpoint(make_endpoint):
     root.refresh_from_db()
     assert root.state == "waiting" and root.result is None
     assert other.events.filter(kind="resume_refused").exists()
+
+
+def test_a_waiting_ticket_is_resumed_only_by_a_turn_that_answers_it(make_endpoint):
+    """docs/design.md "Who completes a waiting ticket": a ticket of the same
+    endpoint whose input looks like a callback, and a callback of another
+    waiting ticket's child, cannot resume it; its own child's callback can."""
+    from runtime.runners import Outcome, Resume
+
+    make_endpoint("demo.echo")
+    make_endpoint("echo.two")
+    make_endpoint("lab", path="runtime.demo.research")
+    root = admit_ticket(endpoint="lab", input={"children": 1}).ticket
+    other = admit_ticket(endpoint="lab", input={"children": 1, "child_endpoint": "echo.two"})
+    for ticket in (root, other.ticket):
+        runtime.run_ticket(ticket_id=ticket.id)
+    forged = {"callback": {"continuation": {"ticket": str(root.id)}}}
+    look_alike = admit_ticket(endpoint="lab", input=forged).ticket
+    [other_child] = Ticket.objects.filter(parent=other.ticket)
+    runtime.run_ticket(ticket_id=other_child.id)
+    others_callback = Ticket.objects.get(callback_for=other_child)
+
+    def resume_root(ticket):
+        started = runtime.start_turn(ticket_id=ticket.id)
+        assert started is not None and started.ticket.id == ticket.id
+        outcome = Outcome("success", result={}, resume=Resume(ticket=str(root.id), result="x"))
+        runtime.finish_turn(
+            turn_id=started.turn.id, seq=started.turn.seq, outcome=outcome, source="test"
+        )
+
+    for intruder in (look_alike, others_callback):
+        resume_root(intruder)
+        root.refresh_from_db()
+        assert root.state == "waiting" and root.completed_by_turn_id is None
+        refused = intruder.events.get(kind="resume_refused")
+        assert refused.detail["why"] == "it answers no call of this ticket"
+    [child] = Ticket.objects.filter(parent=root)
+    runtime.run_ticket(ticket_id=child.id)
+    runtime.run_ticket(ticket_id=Ticket.objects.get(callback_for=child).id)
+    root.refresh_from_db()
+    assert root.state == "succeeded"

@@ -210,6 +210,168 @@ def test_a_callback_completion_attributed_to_a_non_callback_turn_is_named(make_e
     assert names(out, "foreign_result", parent.id, other_turn.id), out
 
 
+def wait_on_approval(address: str, *, user, n: int = 0) -> tuple[Ticket, uuid.UUID]:
+    """An agent-style exchange on ``address`` waiting on one call that needs
+    an owner's approval, decided by ``user``: (the waiting ticket, the
+    approval ticket's id). Through the runtime and the decision service."""
+    from runtime.agents.services import decide_tool_call
+    from runtime.runners import Wait
+
+    waiting = admit(address, n)
+    started = runtime.start_turn(ticket_id=waiting.id)
+    continuation = {
+        "ticket": str(waiting.id),
+        "agent": {
+            "exchange": str(waiting.id),
+            "round": 1,
+            "pending": {
+                "call-1": {
+                    "kind": "approval",
+                    "tool": "send_report",
+                    "args_sha256": "0" * 64,
+                    "turn": str(started.turn.id),
+                }
+            },
+        },
+    }
+    runtime.finish_turn(
+        turn_id=started.turn.id,
+        seq=started.turn.seq,
+        outcome=Outcome("wait", wait=Wait(children=[], continuation=continuation)),
+        source="test",
+    )
+    decided = decide_tool_call(
+        address=address,
+        ticket_id=str(waiting.id),
+        call_id="call-1",
+        approve=True,
+        reason="ops asked for it",
+        user=user,
+    )
+    return waiting, uuid.UUID(decided["approval_ticket"])
+
+
+def resume(ticket_id: uuid.UUID, target: Ticket, **resumed) -> Turn:
+    """Run ``ticket_id``'s turn to an outcome that resumes ``target``."""
+    from runtime.runners import Resume
+
+    resumed = resumed or {"result": {"done": str(target.id)}}
+    own = {"resumed": str(target.id)}
+    return finish(
+        ticket_id,
+        Outcome(
+            "success", result=own, resume=Resume(ticket=str(target.id), own_result=own, **resumed)
+        ),
+    )
+
+
+def wait_on_a_child(address: str, child_address: str, n: int = 0) -> tuple[Ticket, Ticket]:
+    """A ticket on ``address`` waiting on one child on ``child_address``, the
+    child finished: (the waiting ticket, the child's callback ticket)."""
+    from runtime.runners import Child, Wait
+
+    waiting = admit(address, n)
+    finish(
+        waiting.id,
+        Outcome(
+            "wait",
+            wait=Wait(
+                children=[Child(endpoint=child_address, input={"n": n})],
+                continuation={"ticket": str(waiting.id)},
+            ),
+        ),
+    )
+    child = Ticket.objects.get(parent=waiting)
+    finish(child.id)
+    return waiting, Ticket.objects.get(callback_for=child)
+
+
+@pytest.mark.django_db
+def test_a_waiting_ticket_completed_by_its_approval_tickets_turn_passes(make_endpoint, staff_user):
+    """docs/design.md "Who completes a waiting ticket": an owner's approval
+    ticket's turn is one of the turns that may."""
+    make_endpoint("audit.agent", owners=[staff_user.username])
+    waiting, approval = wait_on_approval("audit.agent", user=staff_user)
+    by = resume(approval, waiting)
+    waiting.refresh_from_db()
+    assert waiting.state == "succeeded" and waiting.completed_by_turn_id == by.id
+    status, out = run_audit()
+    assert status == 0, out
+
+
+@pytest.mark.django_db
+def test_a_waiting_ticket_completed_by_a_turn_that_does_not_answer_it_is_named(
+    make_endpoint, staff_user
+):
+    """Each completion made by the runtime, then attributed to a turn that
+    answers another waiting ticket: another's approval, another's callback."""
+    make_endpoint("audit.agent", owners=[staff_user.username])
+    make_endpoint("audit.child")
+    by_approval, approval = wait_on_approval("audit.agent", user=staff_user, n=1)
+    approval_turn = resume(approval, by_approval)
+    by_callback, callback = wait_on_a_child("audit.agent", "audit.child", n=2)
+    callback_turn = resume(callback.id, by_callback)
+    assert run_audit()[0] == 0
+    corrupt(
+        "UPDATE tickets_ticket SET completed_by_turn_id = %s WHERE id = %s",
+        [callback_turn.id, by_approval.id],
+    )
+    corrupt(
+        "UPDATE tickets_ticket SET completed_by_turn_id = %s WHERE id = %s",
+        [approval_turn.id, by_callback.id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    for ticket, turn in ((by_approval, callback_turn), (by_callback, approval_turn)):
+        assert names(out, "foreign_result", ticket.id, turn.id), out
+        line = next(
+            x for x in out.splitlines() if x.startswith("foreign_result") and str(turn.id) in x
+        )
+        assert "answers no call of this ticket" in line, line
+
+
+@pytest.mark.django_db
+def test_a_waiting_ticket_completed_by_a_turn_of_an_earlier_round_is_named(
+    make_endpoint, staff_user
+):
+    """The first round's approval turn asked for a second round: only a turn
+    after that may complete the exchange."""
+    from runtime.agents.services import decide_tool_call
+    from runtime.runners import Wait
+
+    make_endpoint("audit.agent", owners=[staff_user.username])
+    waiting, first = wait_on_approval("audit.agent", user=staff_user)
+    pending = {"call-2": {"kind": "approval", "tool": "send_report", "args_sha256": "1" * 64}}
+    again = Wait(
+        children=[],
+        continuation={
+            "ticket": str(waiting.id),
+            "agent": {"exchange": str(waiting.id), "round": 2, "pending": pending},
+        },
+    )
+    first_turn = resume(first, waiting, wait=again)
+    waiting.refresh_from_db()
+    assert waiting.state == "waiting"
+    second = decide_tool_call(
+        address="audit.agent",
+        ticket_id=str(waiting.id),
+        call_id="call-2",
+        approve=True,
+        reason="again",
+        user=staff_user,
+    )
+    resume(uuid.UUID(second["approval_ticket"]), waiting)
+    assert run_audit()[0] == 0
+    corrupt(
+        "UPDATE tickets_ticket SET completed_by_turn_id = %s WHERE id = %s",
+        [first_turn.id, waiting.id],
+    )
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "foreign_result", waiting.id, first_turn.id), out
+    assert "before the round" in out, out
+
+
 @pytest.mark.django_db
 def test_a_ticket_run_twice_is_named(ledger):
     t1 = ledger["tickets"][0]
@@ -481,6 +643,66 @@ def test_the_ledger_after_real_flows_passes(worker, make_endpoint, api, owner):
         timeout=30,
         message="the stuck turn's late result",
     )
+    status, out = run_audit()
+    assert status == 0, out
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_the_ledger_after_the_documented_agent_flows_passes(worker, make_endpoint, api):
+    """demo.agent on a real worker, through the API as the README shows: a
+    delegation resumed by a child's callback, an approval-requiring tool
+    approved and another denied by an owner, each resumed by the approval
+    ticket's turn. The audit accepts every completion."""
+    from tests.conftest import wait_for
+
+    make_endpoint("demo.echo")
+    make_endpoint("demo.agent", runner={
+        "kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"
+    })  # fmt: skip
+
+    def ask(prompt):
+        resp = api.post("/tickets", {"endpoint": "demo.agent", "input": {"prompt": prompt}})
+        assert resp.status_code == 201, resp.content
+        return resp.json()["id"]
+
+    def state(ticket):
+        return api.get(f"/tickets/{ticket}").json()["state"]
+
+    def settled(ticket):
+        wait_for(
+            lambda: state(ticket) in ("succeeded", "failed", "cancelled", "orphaned"),
+            timeout=90,
+            interval=0.2,
+            message=f"ticket {ticket} to finish",
+        )
+        return api.get(f"/tickets/{ticket}").json()
+
+    delegating, approved, denied = ask("delegate alpha, beta"), ask("send ops"), ask("send all")
+    for ticket, decision in ((approved, True), (denied, False)):
+        [call] = wait_for(
+            lambda ticket=ticket: [
+                c
+                for c in api.get("/endpoints/demo.agent/approvals").json()
+                if c["ticket"] == ticket
+            ],
+            timeout=90,
+            interval=0.2,
+            message="the call to wait for an owner",
+        )
+        decided = api.post(
+            f"/endpoints/demo.agent/approvals/{ticket}/{call['call_id']}",
+            {"approve": decision, "reason": "ops asked for it" if decision else "not to all"},
+        )
+        assert decided.status_code == 200, decided.content
+    done = {ticket: settled(ticket) for ticket in (delegating, approved, denied)}
+    assert done[delegating]["result"].startswith("children said: ok"), done[delegating]
+    assert done[approved]["result"].startswith("done: send_report: sent to ops"), done[approved]
+    assert "not to all" in done[denied]["result"], done[denied]
+    for ticket in (approved, denied):
+        by = Turn.objects.get(id=done[ticket]["completed_by_turn"])
+        assert by.ticket.parent_id == uuid.UUID(ticket)  # the approval ticket's turn
+        assert by.ticket.input["approval"]["ticket"] == ticket
     status, out = run_audit()
     assert status == 0, out
 
