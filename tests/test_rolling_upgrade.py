@@ -412,12 +412,14 @@ def test_a_rolling_upgrade_from_the_previous_release(scratch, tmp_path):  # noqa
         # --- 1. This tree's migrate, while the old release serves. ---
         _migrate(ROOT, database)
         migrated_at = time.monotonic()
+        (migrated_db,) = ledger.rows("SELECT now()")[0]
         # The old release goes on admitting and running on the new schema.
         load.wait(5, web=old.url, since=migrated_at)
         wait_for(
-            lambda: ledger.rows(
-                "SELECT count(*) FROM runtime_turn WHERE started_at > now() - interval '3 seconds' "
-                "AND state = 'completed'"
+            lambda: _no_function_failures(tmp_path, old, new)
+            and ledger.rows(
+                "SELECT count(*) FROM runtime_turn WHERE started_at > %s AND state = 'completed'",
+                [migrated_db],
             )[0][0] >= 3,
             timeout=60, message="the old worker to finish turns on the new schema",
         )  # fmt: skip
@@ -560,16 +562,7 @@ def test_a_rolling_upgrade_from_the_previous_release(scratch, tmp_path):  # noqa
         assert asked.startswith("done: send_report: sent to ops"), asked
 
         # --- No process met a missing function, nor any traceback. ---
-        failures = {
-            name: [m.group(0) for m in SQL_FUNCTION_FAILURE.finditer(text)]
-            for release in (old, new)
-            for name, text in release.logs().items()
-        }
-        failures = {name: found for name, found in failures.items() if found}
-        assert not failures, {
-            name: (found[:3], _context(tmp_path / name, found[0]))
-            for name, found in failures.items()
-        }
+        _no_function_failures(tmp_path, old, new)
         assert " 500 " not in old.log("web") + new.log("web")
 
         # --- The ledger's audit, with this tree. ---
@@ -614,6 +607,21 @@ def test_a_rolling_upgrade_from_the_previous_release(scratch, tmp_path):  # noqa
                 dirs_exist_ok=True,
                 ignore=shutil.ignore_patterns(f"release-{version}"),
             )
+
+
+def _no_function_failures(tmp: Path, *releases: Release) -> bool:
+    """True, or an AssertionError naming each process log that shows a
+    missing function or a traceback, with the text around the first."""
+    failures = {
+        name: [m.group(0) for m in SQL_FUNCTION_FAILURE.finditer(text)]
+        for release in releases
+        for name, text in release.logs().items()
+    }
+    failures = {name: found for name, found in failures.items() if found}
+    assert not failures, {
+        name: (found[:3], _context(tmp / name, found[0])) for name, found in failures.items()
+    }
+    return True
 
 
 def _context(path: Path, needle: str, around: int = 1500) -> str:
