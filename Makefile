@@ -88,6 +88,13 @@ multihost: install services ## hosts A and B on one machine: two webs, two turns
 	MULTIHOST=1 DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest -m multihost tests/faults/test_multihost.py -s -p no:cacheprovider $(PYTEST_ARGS)
 
+.PHONY: upgrade-test
+upgrade-test: install services ## the previous release (CHANGELOG.md) serving while this one migrates, starts beside it, drains it
+	@scripts/db_roles.sh --superuser-url $(PG_SUPERUSER_URL) --createdb \
+		--adopt $(TEST_DB_NAME) $(TEST_DB_OWNER) $(TEST_DB_APP)
+	UPGRADE_TEST=1 DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
+		CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest tests/test_rolling_upgrade.py -s -p no:cacheprovider $(PYTEST_ARGS)
+
 lint: install ## ruff check, format check, the layer contracts (import-linter), migrations in step
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .

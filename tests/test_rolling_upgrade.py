@@ -10,17 +10,28 @@ its own commands, and serves it with a gunicorn web and a Celery worker
 1. this tree's ``migrate`` runs;
 2. this tree's web and worker start beside the old ones (admissions go to
    both webs);
-3. the old web and worker drain (SIGTERM: gunicorn's graceful stop, Celery's
-   warm shutdown, which waits for the turn held open across the upgrade)
-   and stop; this tree's beat starts;
+3. the old web and worker drain (out of the rotation, then SIGTERM:
+   gunicorn's graceful stop, Celery's warm shutdown) and stop; this tree's
+   beat starts;
 4. ``post_deploy`` drops what the release retired.
 
-Then: every acknowledged admission exists and is terminal, no response was
-a 5xx, no process logged a missing function or a traceback, every turn was
-finished by a process of the release that started it, the ticket waiting on
-its children and the agent exchange waiting on an owner's approval (both
-parked under the old release) complete under the new one, and this tree's
-``audit_ledger`` exits 0.
+Two turns are held open on the old worker from before the migrate: one is
+let go once the new release runs beside it (the old code finishes it on the
+new schema), the other is still running at the warm shutdown, which
+interrupts it (design.md, "Worker shutdown": the ticket fails
+``interrupted``, the stop recorded by the old worker itself).
+
+Then: every acknowledged admission exists and is terminal (succeeded, but
+for a turn the shutdown cut), no response was other than 200/201, no
+process logged a missing function or a traceback, every turn was finished
+by a process of the release that started it and none ran twice, the ticket
+waiting on its children and the agent exchange waiting on an owner's
+approval (both parked under the old release) complete under the new one,
+and this tree's ``audit_ledger`` exits 0.
+
+A function's signature changed in place (the old installer's DROP and
+CREATE) fails it as soon as the old worker calls the function: its log shows
+``function ... does not exist``.
 
 Private Redis, a scratch database on the test run's PostgreSQL server; the
 processes connect as the application role where the run has one.
