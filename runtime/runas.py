@@ -124,21 +124,22 @@ def check_at_start() -> None:
         )
         return
     log.info("command and process-isolated turns run as %s (uid %s)", user.name, user.uid)
-    _check_secrets_file()
+    _check_modes()
 
 
-def _check_secrets_file() -> None:
-    path = getattr(settings, "RUNNER_SECRETS_FILE", "") or ""
-    try:
-        mode = os.stat(path).st_mode if path else 0
-    except OSError:
-        return
-    if mode & stat.S_IROTH:
-        log.warning(
-            "RUNNER_SECRETS_FILE %s is readable by every user, the runner user included: "
-            "chmod 0640 it (owned by root and the worker's group)",
-            path,
-        )
+def _check_modes() -> None:
+    """What the runner user could still read by mode: said at start."""
+    checks = (
+        (getattr(settings, "RUNNER_SECRETS_FILE", "") or "", stat.S_IROTH, "chmod 0640 it"),
+        (str(settings.VAR_DIR), stat.S_IXOTH, "chmod 0770 it (artifacts, generated secrets)"),
+    )
+    for path, bit, fix in checks:
+        try:
+            mode = os.stat(path).st_mode if path else 0
+        except OSError:
+            continue
+        if mode & bit:
+            log.warning("%s is open to every user, the runner user included: %s", path, fix)
 
 
 def command_args(user: RunAs | None, env: dict[str, str]) -> dict:

@@ -294,3 +294,45 @@ def test_the_escalation_stops_a_runner_users_isolated_turn_with_evidence(as_runn
     assert evidence["detail"]["signal"] == "SIGKILL"
     assert evidence["detail"]["signals_sent"] == ["SIGTERM", "SIGKILL"]
     assert Endpoint.objects.get(address="isolated.stubborn").state == "available"
+
+
+# --- What a turns worker checks at its start ---------------------------------------------------
+
+
+def test_a_root_worker_without_the_default_user_says_turns_run_as_root(
+    settings, monkeypatch, caplog
+):
+    from runtime import runas
+
+    settings.RUNNER_USER = None  # unset
+    monkeypatch.setattr(runas, "DEFAULT_USER", "cc-no-such-runner")
+    with caplog.at_level("WARNING", logger="runtime.runas"):
+        runas.check_at_start()
+    assert "run as ROOT" in caplog.text and "cc-no-such-runner" in caplog.text
+    assert runas.current() is None
+
+
+def test_a_named_runner_user_the_worker_cannot_switch_to_stops_it(
+    settings, monkeypatch, runner_user
+):
+    from runtime import runas
+
+    settings.RUNNER_USER = "root"
+    with pytest.raises(runas.Unavailable, match="not unprivileged"):
+        runas.check_at_start()
+    settings.RUNNER_USER = RUNNER
+    monkeypatch.setattr(runas.os, "geteuid", lambda: 1000)
+    with pytest.raises(runas.Unavailable, match="needs the turns worker to start as root"):
+        runas.check_at_start()
+
+
+def test_the_start_warns_of_a_secrets_file_every_user_may_read(
+    settings, secrets_file, runner_user, caplog
+):
+    from runtime import runas
+
+    settings.RUNNER_USER = RUNNER
+    secrets_file.chmod(0o644)
+    with caplog.at_level("WARNING", logger="runtime.runas"):
+        runas.check_at_start()
+    assert f"{secrets_file} is open to every user" in caplog.text
