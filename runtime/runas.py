@@ -9,9 +9,12 @@ root and the worker's group) or the worker's files under ``var/`` (0600).
 It gets the secrets its runner names and nothing else: a command in its
 environment, an isolated turn through its supervisor (``core.secrets.confine``).
 
-Only a worker started as root switches, with the standard library alone:
-``subprocess``'s ``user``/``group``/``extra_groups`` for a command, and
-``setgroups``/``setresgid``/``setresuid`` in the forked turn process. Going
+Only a worker started as root switches: a command starts through
+util-linux's ``setpriv`` (``--reuid --regid --clear-groups``), the forked
+turn process calls ``setgroups``/``setresgid``/``setresuid``. (``subprocess``'s
+own ``user``/``group`` would do for a command too, but they make it fork the
+whole worker instead of using vfork: 40 ms a command in a worker of 110 MB
+against 4 ms through ``setpriv``.) Going
 from root to an unprivileged user clears every capability (the kernel's
 rule for a change of user ids away from 0), so nothing the turn runs can
 switch back; and root signals the runner user's process groups (the
@@ -27,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import shutil
 import stat
 from dataclasses import dataclass
 
@@ -50,6 +54,7 @@ class RunAs:
     uid: int
     gid: int
     home: str
+    setpriv: str
 
 
 def _configured() -> tuple[str, bool]:
@@ -67,7 +72,11 @@ def _lookup(name: str) -> RunAs:
         raise Unavailable(f"RUNNER_USER {name} does not exist on this host") from None
     if entry.pw_uid == 0 or entry.pw_gid == 0:
         raise Unavailable(f"RUNNER_USER {name} is root or in group root: not unprivileged")
-    return RunAs(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir or "/")
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if setpriv is None:
+        raise Unavailable("setpriv (util-linux) is not installed: commands cannot switch users")
+    home = entry.pw_dir or "/"
+    return RunAs(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=home, setpriv=setpriv)
 
 
 def current() -> RunAs | None:
@@ -142,17 +151,25 @@ def _check_modes() -> None:
             log.warning("%s is open to every user, the runner user included: %s", path, fix)
 
 
-def command_args(user: RunAs | None, env: dict[str, str]) -> dict:
-    """``subprocess.Popen`` arguments that start a command as ``user``: its
-    ids, no supplementary group of the worker's, and its own HOME."""
+def command(
+    user: RunAs | None, argv: list[str], env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start a command as ``user``: its ids,
+    no supplementary group of the worker's, no gain of privileges through a
+    set-user-ID binary, and its own HOME. ``setpriv`` execs the command in
+    its own process: the pid, the process group and the ``waitpid`` status
+    are the command's."""
     if user is None:
-        return {"env": env}
-    return {
-        "user": user.uid,
-        "group": user.gid,
-        "extra_groups": [],
-        "env": {**env, "HOME": user.home} if "HOME" in env else env,
-    }
+        return argv, env
+    switch = [
+        user.setpriv,
+        f"--reuid={user.uid}",
+        f"--regid={user.gid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--",
+    ]
+    return [*switch, *argv], ({**env, "HOME": user.home} if "HOME" in env else env)
 
 
 def become(user: RunAs) -> None:

@@ -344,15 +344,16 @@ def _command_outcome(
     user: runas.RunAs | None = None,
 ) -> Outcome:
     """The command's run, as ``_run_command`` says; its secrets not yet redacted."""
+    started, env = runas.command(user, argv, env)
     try:
         proc = subprocess.Popen(  # noqa: S603 - argv comes from staff-managed config
-            argv,
+            started,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group: an interrupt stops all of it
             cwd=ctx.runner.get("cwd") or None,
-            **runas.command_args(user, env),
+            env=env,
         )
     except OSError as exc:
         raise RunnerError(f"cannot start {argv[0]!r}: {exc}") from exc
