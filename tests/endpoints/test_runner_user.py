@@ -336,3 +336,46 @@ def test_the_start_warns_of_a_secrets_file_every_user_may_read(
     with caplog.at_level("WARNING", logger="runtime.runas"):
         runas.check_at_start()
     assert f"{secrets_file} is open to every user" in caplog.text
+
+
+def test_a_runner_users_turn_process_still_dies_with_its_supervisor(as_runner):
+    """A change of user clears PR_SET_PDEATHSIG: the turn process arms it
+    after dropping to the runner user. The death signal follows the thread
+    that forked, so a process forked by a thread that ends must die."""
+    import signal
+    import threading
+
+    from runtime import runas
+
+    box = {}
+
+    def fork_and_leave():
+        child = isolation._spawn(runas.current())
+        box["child"] = child
+
+        def waiting_for_its_turn() -> bool:  # blocked in read(2) on its pipe: past the prctl
+            with open(f"/proc/{child.pid}/syscall") as f:
+                return f.read().split()[0] == "0"
+
+        wait_for(waiting_for_its_turn, timeout=30, message="the turn process to wait for a turn")
+
+    thread = threading.Thread(target=fork_and_leave)
+    thread.start()
+    thread.join(60)
+    child = box["child"]
+    statuses = []
+
+    def died() -> bool:
+        status = isolation._exited(child)
+        if status is not None:
+            statuses.append(status)
+        return bool(statuses)
+
+    try:
+        wait_for(died, timeout=10, message="the turn process to die with its forking thread")
+    finally:
+        child.conn.close()
+        if not statuses:
+            os.kill(child.pid, signal.SIGKILL)
+            os.waitpid(child.pid, 0)
+    assert os.WIFSIGNALED(statuses[0]) and os.WTERMSIG(statuses[0]) == signal.SIGKILL
