@@ -218,6 +218,21 @@ def test_an_interrupt_stops_a_runner_users_command_with_evidence(
             message="leader and grandchild to be gone",
         )
         assert Endpoint.objects.get(address="stubborn").state == "available"
+        # The same worker's process-isolated turns run as the runner user.
+        make_endpoint("isolated.worker", path="tests.endpoints.runuser_runners.reaches")
+        ticket = admit_ticket(
+            endpoint="isolated.worker", input={"secrets_file": "/nonexistent", "secret": "X"}
+        ).ticket
+        wait_for(
+            lambda: Ticket.objects.get(id=ticket.id).state in ("succeeded", "failed"),
+            timeout=60,
+            message="the isolated turn",
+        )
+        t = Ticket.objects.get(id=ticket.id)
+        assert t.state == "succeeded", t.error
+        assert t.result["uid"] == as_runner.pw_uid
+        assert t.result["supervisor_environ"] == "PermissionError"
+        assert "DATABASE_URL" not in t.result["env"]
     finally:
         shutil.rmtree(shared)
 
