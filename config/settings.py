@@ -9,6 +9,7 @@ test suite set both to their servers.
 from __future__ import annotations
 
 import base64
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -416,6 +417,15 @@ RUNNER_COMMAND_ALLOWED = env.list("RUNNER_COMMAND_ALLOWED", default=[])
 # runner may name (nothing else in the environment is reachable).
 RUNNER_SECRETS_FILE = env.str("RUNNER_SECRETS_FILE", default="")
 RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
+# The unprivileged user command and process-isolated turns run as, so they
+# cannot read the worker's environment (/proc/<pid>/environ), the secrets
+# file or var/ (runtime/runas.py, docs/deploy.md "The runner user"). Takes
+# effect only in a worker started as root. Unset: "claimcheck-runner" when
+# that user exists (a root worker without it warns at start and runs turns
+# as root); set: that user, and a worker that cannot switch to it refuses
+# to start; empty: off (turns run as the worker's own user).
+# Read raw: django-environ takes an empty value for an unset one.
+RUNNER_USER = os.environ.get("RUNNER_USER")
 
 # Agent runners (runtime/agents/): how much of the endpoint's history a turn
 # loads as the agent's conversation. The newest whole exchanges are kept

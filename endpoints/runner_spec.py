@@ -338,6 +338,16 @@ def command_env(runner: dict, base: dict[str, str]) -> tuple[dict[str, str], dic
     return env, resolved
 
 
+def named_secrets(runner: dict[str, Any]) -> list[str]:
+    """The secrets a process-isolated turn of this runner resolves itself
+    (an agent's ``secrets``): its supervisor hands it these and no others
+    when it runs as the runner user."""
+    if runner.get("kind") != "agent":
+        return []
+    named = runner.get("secrets") or {}
+    return [str(v) for v in named.values()] if isinstance(named, dict) else []
+
+
 def runs_isolated(runner: dict[str, Any]) -> bool:
     """Whether this runner's turns run in a turn process of their worker
     slot (a python runner unless ``inline``; an agent always), not in the

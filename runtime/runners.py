@@ -34,6 +34,8 @@ from core.secrets import SecretMissing
 from endpoints import runner_spec
 from endpoints.runner_spec import ISOLATIONS, KILL_AFTER_MAX_S
 
+from . import runas
+
 log = logging.getLogger(__name__)
 
 
@@ -326,16 +328,26 @@ def _run_command(ctx: TurnContext) -> Outcome:
         env, resolved = runner_spec.command_env(ctx.runner, dict(os.environ))
     except SecretMissing as exc:
         return Outcome.failure({"code": "secret_missing", "detail": exc.detail})
-    return _without_secrets(_command_outcome(ctx, argv, env, kill_after), resolved)
+    # Nor the worker's files or /proc entries: the runner user's (runas.py).
+    try:
+        user = runas.current()
+    except runas.Unavailable as exc:
+        return Outcome.failure({"code": "runner_error", "detail": str(exc)})
+    return _without_secrets(_command_outcome(ctx, argv, env, kill_after, user), resolved)
 
 
 def _command_outcome(
-    ctx: TurnContext, argv: list, env: dict[str, str], kill_after: float
+    ctx: TurnContext,
+    argv: list,
+    env: dict[str, str],
+    kill_after: float,
+    user: runas.RunAs | None = None,
 ) -> Outcome:
     """The command's run, as ``_run_command`` says; its secrets not yet redacted."""
+    started, env = runas.command(user, argv, env)
     try:
         proc = subprocess.Popen(  # noqa: S603 - argv comes from staff-managed config
-            argv,
+            started,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -38,7 +38,7 @@ from celery import signals
 from celery.worker.control import control_command
 from django.db import connection
 
-from . import isolation, registry, runners, turns
+from . import isolation, registry, runas, runners, turns
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,22 @@ def _pass_shutdown_to_turns(sig=None, how=None, exitcode=None, **kwargs) -> None
     for pid in busy & set(_pool_children()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+
+
+@signals.worker_init.connect
+def _check_runner_user(sender=None, **kwargs) -> None:
+    """In a turns worker's main process, before it forks its pool: a
+    ``RUNNER_USER`` it cannot run turns as stops it here, saying why, rather
+    than at each turn (runas.py)."""
+    app = getattr(sender, "app", None)
+    consumed = app.amqp.queues.consume_from if app is not None else None
+    if consumed is not None and "turns" not in consumed:
+        return  # runs no turns: a control worker
+    try:
+        runas.check_at_start()
+    except runas.Unavailable as exc:
+        log.critical("%s", exc)
+        raise SystemExit(f"claimcheck: {exc}") from None
 
 
 @signals.worker_init.connect
