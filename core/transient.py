@@ -245,20 +245,45 @@ def _deadline_thread() -> _Deadlines:
         return _deadlines
 
 
+# psycopg's floor for a connect's timeout (libpq's convention).
+MIN_CONNECT_TIMEOUT_S = 2
+
+
 @contextlib.contextmanager
-def answer_by(deadline: float) -> Iterator[None]:
+def answer_by(deadline: float, *, using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
     """The statements this thread sends inside the block end by ``deadline``
     (``time.monotonic()``): past it the thread's connection is cut, and the
     statement under way fails as a transient error (``TRANSIENT_DB_ERRORS``)
     for the caller to answer with what it has. Behind PgBouncer a statement
     can otherwise wait as long as the pooler holds it: through an outage and
-    up to ``server_login_retry`` after it. A connection the block opens is
-    bounded by ``DB_CONNECT_TIMEOUT_S`` until it is open. A cut connection is
-    closed when the block ends (the next request opens a new one)."""
+    up to ``server_login_retry`` after it. A connection the block opens
+    times out by the deadline too (not before ``MIN_CONNECT_TIMEOUT_S``;
+    with Django's pool, by ``DATABASE_POOL_TIMEOUT_S``), and none is opened
+    past it. A cut connection is closed when the block ends (the next
+    request opens a new one)."""
+    wrapper = connections[using]
+    pooled = bool((wrapper.settings_dict.get("OPTIONS") or {}).get("pool"))
+    if not pooled:
+        # This thread's wrapper only (a pool's parameters are its own).
+        own_params = wrapper.get_connection_params
+
+        def bounded_params() -> dict[str, Any]:
+            params = own_params()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OperationalError("the request's deadline passed before it could connect")
+            timeout = int(params.get("connect_timeout") or 0) or 2**31
+            params["connect_timeout"] = max(MIN_CONNECT_TIMEOUT_S, min(timeout, int(left) + 1))
+            return params
+
+        wrapper.get_connection_params = bounded_params
     watchdog = _deadline_thread()
-    token = watchdog.add(deadline, connections[DEFAULT_DB_ALIAS])
+    token = watchdog.add(deadline, wrapper)
     try:
         yield
     finally:
-        if watchdog.remove(token):
-            drop_broken_connection()
+        if not pooled:
+            del wrapper.get_connection_params
+        if watchdog.remove(token) and not wrapper.in_atomic_block:
+            with contextlib.suppress(Exception):  # a cut socket may raise again; closed anyway
+                wrapper.close()
