@@ -115,13 +115,12 @@ class _HolderThread(threading.Thread):
         with self._cond:
             self._entries[entry.turn_id] = entry
 
-    def remove(self, turn_id: uuid.UUID) -> None:
+    def remove(self, entry: _Entry) -> None:
         with self._cond:
-            entry = self._entries.get(turn_id)
-            if entry is None:
+            if self._entries.get(entry.turn_id) is not entry:
                 return
             if not entry.written:  # never announced: nothing to take back
-                del self._entries[turn_id]
+                del self._entries[entry.turn_id]
                 return
             entry.done, entry.due = True, 0.0
             self._cond.notify()
@@ -166,10 +165,15 @@ class _HolderThread(threading.Thread):
                 log.warning("cannot announce a held outcome: %s", describe(exc))
         with self._cond:
             if entry.done:  # taken back (or, Redis away, left to expire within TTL_S)
-                self._entries.pop(entry.turn_id, None)
+                if self._entries.get(entry.turn_id) is entry:
+                    del self._entries[entry.turn_id]
                 return
             entry.written = entry.written or ok
             entry.due = time.monotonic() + REFRESH_S
+            if ok and entry.turn_id not in self._entries:
+                # Taken back while this write was under way: take it back now.
+                entry.done, entry.due = True, 0.0
+                self._entries[entry.turn_id] = entry
 
 
 _thread: _HolderThread | None = None
@@ -199,4 +203,4 @@ def held(turn_id: uuid.UUID, seq: int, kind: str, ran_s: float | None) -> Iterat
     try:
         yield
     finally:
-        holder.remove(turn_id)
+        holder.remove(entry)

@@ -518,9 +518,14 @@ def test_the_sweep_does_not_quarantine_a_turn_whose_worker_holds_its_outcome(mak
     Redis (runtime/turns/held.py). Past the grace the sweep leaves the turn
     interrupting while the announcement lives; the finish then lands as the
     turn's result; the announcement is taken back."""
+    from runtime.turns import held as held_module
     from runtime.turns.held import held, holding
 
     turn = _interrupted_turn(make_endpoint, turn_budget_s=5, interrupt_grace_s=0.05)
+    # A finish that lands in time announces nothing and leaves nothing to write.
+    with held(turn.id, turn.seq, "success", 0.1):
+        pass
+    assert turn.id not in held_module._holder()._entries
     before_interrupt = (turn.interrupt_requested_at - turn.started_at).total_seconds() - 0.001
     with held(turn.id, turn.seq, "success", before_interrupt):
         wait_for(lambda: holding(turn.id, turn.seq), timeout=10, message="the announcement")
