@@ -80,7 +80,7 @@ test-fast: install services ## every test that starts no process of its own (no 
 		DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		-m "not integration and not browser and not faults and not multihost" $(PYTEST_ARGS)
 
-faults: install services ## the full fault suite (private PostgreSQL + Redis it kills; `make test` runs a reduced set)
+faults: install services pgbouncer ## the full fault suite (private PostgreSQL + Redis it kills, PgBouncer in front; `make test` runs a reduced set)
 	FAULTS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)
 

@@ -24,6 +24,7 @@ from ..runners import Outcome, TurnContext
 from .budgets import BudgetWatch
 from .finish import Finished, finish_turn
 from .heartbeats import Heartbeater
+from .held import held
 from .receipts import record_turn_event
 from .start import Started, start_turn, started_by
 
@@ -363,19 +364,22 @@ def finish_with_retry(
     reply, the retry finds this turn already ended with this same outcome
     (``outcome_sha256`` on its terminal event) and records nothing again.
     Domain errors are not retried. After the last attempt fails the turn is
-    left to the budget sweep (fail closed: quarantine)."""
-    return retry_transient(
-        lambda: finish_turn(
-            turn_id=turn.id,
-            seq=turn.seq,
-            outcome=outcome,
-            source="worker",
-            turn=turn,
-            slot=slot,
-            start_next=start_next,
-            celery_task_id=celery_task_id,
-            ran_s=ran_s,
-        ),
-        what=f"finish of turn {turn.id} seq {turn.seq}",
-        max_s=settings.FINISH_RETRY_MAX_S,
-    )
+    left to the budget sweep (fail closed: quarantine). Meanwhile the sweep
+    knows this worker holds the outcome (``held``: no quarantine while it
+    retries)."""
+    with held(turn.id, turn.seq, outcome.kind, ran_s):
+        return retry_transient(
+            lambda: finish_turn(
+                turn_id=turn.id,
+                seq=turn.seq,
+                outcome=outcome,
+                source="worker",
+                turn=turn,
+                slot=slot,
+                start_next=start_next,
+                celery_task_id=celery_task_id,
+                ran_s=ran_s,
+            ),
+            what=f"finish of turn {turn.id} seq {turn.seq}",
+            max_s=settings.FINISH_RETRY_MAX_S,
+        )
