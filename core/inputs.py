@@ -155,14 +155,19 @@ def check_value(value: Any, *, path: str = "", depth: int | None = None) -> None
     (a 64 KiB body has thousands of values: eager names tripled the cost).
     """
     search = _UNSTORABLE.search
+    isfinite = math.isfinite
     limit = sys.maxsize if depth is None else depth
     stack: list[tuple[Any, tuple | None, int]] = [(value, None, 1)]
     while stack:
         item, trail, level = stack.pop()
         kind = type(item)
-        if kind is dict or (kind is not list and isinstance(item, dict)):
+        if kind is dict:
             children = item.items()
-        elif kind is list or isinstance(item, list | tuple):
+        elif kind is list:
+            children = enumerate(item)
+        elif isinstance(item, dict):  # not parsed JSON: what a python runner returned
+            children = item.items()
+        elif isinstance(item, list | tuple):
             children = enumerate(item)
         else:
             problem = _unstorable_scalar(item)
@@ -172,21 +177,35 @@ def check_value(value: Any, *, path: str = "", depth: int | None = None) -> None
         if level > limit:
             raise _too_deep(path or "body", limit)
         for key, child in children:
-            if isinstance(key, str):
+            if type(key) is str:
                 if search(key):
                     problem = f"is a key that {text_problem(key)}"
                     raise Unstorable(_field((trail, key), path), problem)
-            elif not isinstance(key, int | float) and key is not None:
-                raise Unstorable(_field(trail, path), f"has a key that is a {type(key).__name__}")
+            else:
+                _check_key(key, trail, path)
             kind = type(child)
             if kind is str:
                 if search(child):
                     raise Unstorable(_field((trail, key), path), text_problem(child))
-            elif kind is int or kind is bool or child is None:
-                if kind is int and child.bit_length() >= _INT_MAX_BITS:
+            elif kind is int:
+                if child.bit_length() >= _INT_MAX_BITS:
                     raise Unstorable(_field((trail, key), path), "is too long a number")
-            else:
+            elif kind is float:
+                if not isfinite(child):
+                    raise Unstorable(_field((trail, key), path), f"is {child}, not a finite number")
+            elif kind is not bool and child is not None:
                 stack.append((child, (trail, key), level + 1))
+
+
+def _check_key(key: Any, trail: tuple | None, path: str) -> None:
+    """A key that is not exactly a str: json.dumps writes a str subclass,
+    an int, a float, a bool or None as a key, and refuses anything else."""
+    if isinstance(key, str):
+        if _UNSTORABLE.search(key):
+            problem = f"is a key that {text_problem(key)}"
+            raise Unstorable(_field((trail, key), path), problem)
+    elif not isinstance(key, int | float) and key is not None:
+        raise Unstorable(_field(trail, path), f"has a key that is a {type(key).__name__}")
 
 
 def check_fields(value: Any, *, path: str = "") -> None:
