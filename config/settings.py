@@ -313,6 +313,13 @@ AXES_VERBOSE = False
 # --- Ledger limits -----------------------------------------------------------
 TICKET_MAX_INPUT_BYTES = env.int("TICKET_MAX_INPUT_BYTES", default=65536)
 TICKET_MAX_RESULT_BYTES = env.int("TICKET_MAX_RESULT_BYTES", default=65536)
+# How deep any JSON value that enters may nest (core/inputs.py): a request
+# body's fields, a runner's reply, an agent's output. The worker itself
+# fails to carry a value somewhere past 400 levels (pickling it to a turn's
+# process, dataclasses.asdict, json): the cap keeps that out of reach.
+TICKET_MAX_JSON_DEPTH = env.int("TICKET_MAX_JSON_DEPTH", default=64)
+if not 1 <= TICKET_MAX_JSON_DEPTH <= 128:
+    raise ValueError("TICKET_MAX_JSON_DEPTH must be between 1 and 128")
 TRACE_SOFT_LIMIT = env.int("TRACE_SOFT_LIMIT", default=50)
 TRACE_HARD_LIMIT = env.int("TRACE_HARD_LIMIT", default=200)
 SWEEP_INTERVAL_S = env.float("SWEEP_INTERVAL_S", default=5.0)

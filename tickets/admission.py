@@ -23,7 +23,7 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import connection
 from django.utils import timezone
 
-from core import observe
+from core import inputs, observe
 from core.canonical import canonical_json
 from core.dispatch import DISPATCH_CHANNEL
 from core.errors import (
@@ -130,6 +130,11 @@ def admit_ticket(
     """
     if not isinstance(input, dict):
         raise Invalid("input must be a JSON object")
+    # The one bound on every value (core/inputs.py), for callers that are
+    # not the API's parser (a runner's children, the console, commands):
+    # what is admitted is what every runner can be handed.
+    bound = inputs.max_depth()
+    inputs.check_value(input, path="input", depth=bound)
     body = canonical_json(input)
     if len(body) > settings.TICKET_MAX_INPUT_BYTES:
         raise TooLarge(
@@ -139,8 +144,10 @@ def admit_ticket(
     dedupe_key = validate_dedupe_key(dedupe_key)
     validate_trace_id(trace_id)
     requester = requester or {}
+    inputs.check_value(requester.get("metadata"), path="requester.metadata", depth=bound)
     if len(canonical_json(requester)) > settings.TICKET_MAX_INPUT_BYTES:
         raise TooLarge("requester metadata is over the input cap")
+    inputs.check_value(continuation, path="return_to.continuation", depth=bound)
     sha = hashlib.sha256(body).hexdigest()
     if submitter is not None:
         submitted_by_id = submitter.id

@@ -13,7 +13,9 @@ from typing import Any
 
 from django.conf import settings
 
+from core.errors import DomainError
 from core.transient import (
+    is_transient,
     retry_transient,
 )
 from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
@@ -182,14 +184,17 @@ def _run_one(
             # Stopped by the flag this worker raised: the interrupt is in the
             # ledger before the finish, which then records why (timed out).
             watch.record_interrupt()
-        finished = finish_with_retry(
-            turn=turn,
-            outcome=outcome,
-            slot=slot,
-            start_next=chain(),
-            celery_task_id=celery_task_id,
-            ran_s=ran_s,
-        )
+        try:
+            finished = finish_with_retry(
+                turn=turn,
+                outcome=outcome,
+                slot=slot,
+                start_next=chain(),
+                celery_task_id=celery_task_id,
+                ran_s=ran_s,
+            )
+        except Exception as exc:
+            finished = _finish_after_fault(turn=turn, exc=exc, slot=slot, ran_s=ran_s)
         idle_recorded = finished.slot_recorded
     finally:
         with _current_lock:
@@ -346,6 +351,25 @@ def start_with_retry(
 
     return retry_transient(
         attempt, what=f"start for ticket {ticket_id}", max_s=settings.FINISH_RETRY_MAX_S
+    )
+
+
+def _finish_after_fault(
+    *, turn: Turn, exc: Exception, slot: tuple[str, int] | None, ran_s: float | None
+) -> Finished:
+    """The runner returned, and finishing its turn raised in the worker's own
+    code (an outcome json or PostgreSQL refused that ``runners.storable``
+    did not foresee, a bug): the turn fails ``runtime_error`` with the
+    exception's class, through the same finish, so it ends recorded and the
+    endpoint serves on. Nothing of the failed attempt was written (the
+    finish is one transaction). Raised again: a database still away past
+    the retries and a domain error (the turn is not this worker's to
+    finish), both the sweep's, and a second failure."""
+    if is_transient(exc) or isinstance(exc, DomainError):
+        raise exc
+    log.exception("turn %s: finishing it failed; it fails runtime_error", turn.id)
+    return finish_with_retry(
+        turn=turn, outcome=runners.runtime_error(exc, "finishing the turn"), slot=slot, ran_s=ran_s
     )
 
 
