@@ -16,7 +16,9 @@ secrets, never a value.
   ``delegate_to`` (addresses), ``history_max_messages``,
   ``history_max_bytes``, ``max_rounds``, ``secrets: {ENV_VAR: SECRET_NAME}`` (named secrets
   put into the turn's process environment: a model provider's key),
-  ``side_effect_tools`` (tool names), ``kill_after_s``.
+  ``side_effect_tools`` (tool names), ``kill_after_s``, ``memory``
+  (``per_submitter``, the default: a submitter's turns recall only that
+  submitter's exchanges; ``shared``: every submitter's).
 
 A literal credential is refused where it can be recognised, by where it
 stands or by its own shape (``literal_credential``): a header whose name says
@@ -49,6 +51,7 @@ from core.secrets import check_name, secret
 
 KINDS = ("python", "command", "http", "agent")
 ISOLATIONS = ("process", "inline")
+MEMORY_MODES = ("per_submitter", "shared")
 KILL_AFTER_MAX_S = 60.0
 TIMEOUT_MAX_S = 300.0
 MAX_HEADERS = 20
@@ -70,6 +73,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "secrets",
             "side_effect_tools",
             "kill_after_s",
+            "memory",
         }
     ),
 }
@@ -341,6 +345,8 @@ def _check_agent(runner: dict[str, Any]) -> None:
         value = runner.get(name)
         if name in runner and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise Invalid(f"{name} must be a positive integer")
+    if "memory" in runner and runner["memory"] not in MEMORY_MODES:
+        raise Invalid(f"an agent runner's memory must be one of {', '.join(MEMORY_MODES)}")
     if "secrets" in runner:
         named = runner["secrets"]
         if not isinstance(named, dict):
@@ -471,6 +477,13 @@ def command_env(runner: dict, base: dict[str, str]) -> tuple[dict[str, str], dic
         env[name] = secret(ref["secret"])
         resolved[env[name]] = ref["secret"]
     return env, resolved
+
+
+def memory_mode(runner: dict[str, Any]) -> str | None:
+    """An agent runner's memory (``MEMORY_MODES``); None for other kinds."""
+    if not isinstance(runner, dict) or runner.get("kind") != "agent":
+        return None
+    return runner.get("memory") or MEMORY_MODES[0]
 
 
 def runs_isolated(runner: dict[str, Any]) -> bool:
