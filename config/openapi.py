@@ -60,9 +60,9 @@ STATUSES: dict[int, tuple[tuple[str, ...], str]] = {
     423: (("endpoint_quarantined",), "The endpoint is quarantined; body has `case`."),
     429: (
         ("circuit_open", "rate_limited"),
-        "`circuit_open`: the trace reached `TRACE_HARD_LIMIT`; `rate_limited`: the caller is over "
-        "one of its fair-share limits (admissions per window, requests in flight): retry after "
-        "`Retry-After` seconds.",
+        "`circuit_open`: the caller's party reached `TRACE_HARD_LIMIT` in the trace; "
+        "`rate_limited`: the caller is over one of its fair-share limits (admissions per "
+        "window, requests in flight): retry after `Retry-After` seconds.",
     ),
     503: (
         ("unavailable",),
