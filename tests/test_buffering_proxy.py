@@ -8,13 +8,13 @@ sized down to one process of two threads, on the test database."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -111,6 +111,16 @@ def _slow_bodies_hold_gunicorn_threads_but_not_through_nginx(web, tmp_path):
 FLOOD = 240
 
 
+def _read_answer(sock: socket.socket) -> tuple[int, str, str]:
+    """(status, head, body) of the one answer on a ``Connection: close`` socket."""
+    sock.settimeout(60)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), head.decode(), body.decode()
+
+
 def _the_edge_refuses_a_flood_per_address_in_the_api_shape(web, tmp_path):
     """Random bad keys, each a different Authorization value, from one
     address, on the API and /mcp: the edge counts the address, so the flood
@@ -118,37 +128,40 @@ def _the_edge_refuses_a_flood_per_address_in_the_api_shape(web, tmp_path):
     application."""
     with nginx.Nginx(upstream=web, directory=tmp_path / "nginx-edge") as proxy:
         base = f"http://127.0.0.1:{proxy.port}"
-        answers: list[httpx.Response] = []
-        lock = threading.Lock()
-        ready = threading.Barrier(FLOOD)
-
-        def one(path: str) -> None:
-            key = f"cc_{secrets.token_hex(4)}_{secrets.token_urlsafe(16)}"
-            # The client (its SSL context: milliseconds of CPU) made before the
-            # start, so the requests leave together.
-            with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {key}"}) as c:
-                ready.wait(timeout=60)
-                r = c.post(base + path, json={})
-            with lock:
-                answers.append(r)
-
-        # All at once (the application behind answers slower than 50 a
-        # second here, so a closed loop of clients would never pass the rate):
-        # the burst of 100 passes (401: no such key), the rest is refused by
-        # nginx, /mcp's as the API's.
+        # Every connection opened first, then each request written in one
+        # send: they arrive together (Python building 240 HTTP requests one
+        # by one on a loaded host could spread them below the rate).
         paths = ["/api/v1/tickets", "/mcp"] * (FLOOD // 2)
-        threads = [threading.Thread(target=one, args=(p,)) for p in paths]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        refused = [r for r in answers if r.status_code == 429]
-        assert refused and {r.status_code for r in answers} <= {401, 429}, answers
-        assert {r.request.url.path for r in refused} == {"/api/v1/tickets", "/mcp"}
-        body = refused[0].json()
-        assert (body["error"], body["limit"]) == ("rate_limited", 50)
-        assert refused[0].headers["Retry-After"] == "1"
-        assert refused[0].headers["RateLimit-Remaining"] == "0"
+        sockets = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in paths]
+        try:
+            for path, sock in zip(paths, sockets, strict=True):
+                key = f"cc_{secrets.token_hex(4)}_{secrets.token_urlsafe(16)}"
+                sock.sendall(
+                    f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                    f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+                    "Content-Length: 2\r\n\r\n{}".encode()
+                )
+            answers = [
+                (path, _read_answer(sock)) for path, sock in zip(paths, sockets, strict=True)
+            ]
+        finally:
+            for sock in sockets:
+                sock.close()
+        # The burst of 100 passes (401: no such key), the rest is refused by
+        # nginx, /mcp's as the API's.
+        statuses = {status for _, (status, _, _) in answers}
+        assert 429 in statuses and statuses <= {401, 429}, answers
+        refused = [(path, head, body) for path, (status, head, body) in answers if status == 429]
+        assert {path for path, _, _ in refused} == {"/api/v1/tickets", "/mcp"}
+        assert "\r\nRetry-After: 1\r\n" in refused[0][1]
+        assert "\r\nRateLimit-Remaining: 0\r\n" in refused[0][1]
+        assert json.loads(refused[0][2]) == {
+            "error": "rate_limited",
+            "detail": "over 50 requests a second from this address at the edge; retry after "
+            "the Retry-After seconds",
+            "limit": 50,
+            "retry_after": 1,
+        }
         # Another address is not refused for it (all of 127/8 is this host).
         elsewhere = httpx.HTTPTransport(local_address="127.0.0.2")
         with httpx.Client(transport=elsewhere, timeout=30) as c:
