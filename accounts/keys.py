@@ -19,6 +19,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections.abc import Callable
 
 from cachetools import TTLCache
 from django.conf import settings
@@ -152,7 +153,10 @@ class KeyCache:
 key_cache = KeyCache()
 
 
-def user_for_key(key: str):
+def user_for_key(key: str, *, before_lookup: Callable[[], None] | None = None):
+    """The active user ``key`` belongs to, or None. ``before_lookup`` runs
+    when the key must be looked up (not a verified one in the cache), and
+    may refuse the request by raising (a flood of bad keys)."""
     parts = key.split("_", 2)
     if len(parts) != 3 or parts[0] != "cc":
         return None
@@ -161,6 +165,8 @@ def user_for_key(key: str):
         user = key_cache.get(digest)
         if user is not None:
             return user
+    if before_lookup is not None:
+        before_lookup()
     row = (
         ApiKey.objects.select_related("user")
         .filter(prefix=parts[1], revoked_at__isnull=True)

@@ -371,6 +371,9 @@ CONSOLE_LIVE_SLOTS = env.int("CONSOLE_LIVE_SLOTS", default=2)
 RATE_LIMIT_ADMISSIONS = env.str("RATE_LIMIT_ADMISSIONS", default="10/second;300/minute")
 RATE_LIMIT_CONCURRENT_REQUESTS = env.int("RATE_LIMIT_CONCURRENT_REQUESTS", default=8)
 RATE_LIMIT_CONCURRENT_WAITS = env.int("RATE_LIMIT_CONCURRENT_WAITS", default=4)
+# Failed API authentications per client address (LOGIN_PROXY_COUNT says how
+# to find it behind proxies); past it, 429 before a key is looked up.
+RATE_LIMIT_FAILED_AUTH = env.str("RATE_LIMIT_FAILED_AUTH", default="10/second;100/minute")
 API_WAIT_SLOTS = env.int("API_WAIT_SLOTS", default=2)
 # The obligations sweep has no need to run as often as the others.
 OBLIGATION_SWEEP_INTERVAL_S = env.float(

@@ -20,6 +20,12 @@ share one budget, so more keys do not buy more share. Three limits:
   that is only a wait (MCP's ``wait_for_ticket``) is refused instead: 429
   ``rate_limited``.
 
+Failed authentications are counted per **client address** instead (no
+user is known): ``RATE_LIMIT_FAILED_AUTH``; past it, that address's requests
+with a key not already verified in this process are 429 ``rate_limited``
+before the key is looked up (``accounts.auth.ApiKeyAuth``, the API and
+/mcp). Random bad keys all differ, so only the address can count them.
+
 429s carry ``Retry-After`` and the IETF draft's ``RateLimit-Limit``,
 ``RateLimit-Remaining`` and ``RateLimit-Reset`` (seconds) headers.
 
@@ -166,6 +172,61 @@ def check_admission(user) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
         _fail_open("an admission", exc)
+
+
+# --- Failed authentications per client address ---------------------------------------------
+
+
+def client_address(request) -> str | None:
+    """The client's address: ``REMOTE_ADDR`` unless the operator says how
+    many proxies stand in front of the app (``LOGIN_PROXY_COUNT``), then the
+    address the outermost of them saw, counted from the right of
+    ``X-Forwarded-For`` (everything to its left is whatever the client sent)."""
+    proxies = settings.LOGIN_PROXY_COUNT
+    if proxies > 0:
+        hops = [h.strip() for h in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+        hops = [h for h in hops if h]
+        if len(hops) >= proxies:
+            return hops[-proxies]
+    return request.META.get("REMOTE_ADDR")
+
+
+def check_failed_auth(address: str | None) -> None:
+    """429 ``rate_limited`` when ``address`` has used up
+    ``RATE_LIMIT_FAILED_AUTH`` (nothing is counted here)."""
+    items = _items(settings.RATE_LIMIT_FAILED_AUTH)
+    if not items or not address or not _redis_usable():
+        return
+    try:
+        limiter = MovingWindowRateLimiter(storage())
+        for item in items:
+            if limiter.test(item, "failed_auth", address):
+                continue
+            reset_at = limiter.get_window_stats(item, "failed_auth", address).reset_time
+            raise RateLimited(
+                f"over {item.amount} failed authentications per {item.multiples} "
+                f"{item.GRANULARITY.name} from this address (RATE_LIMIT_FAILED_AUTH); retry "
+                "after the Retry-After seconds",
+                limit=item.amount,
+                retry_after=math.ceil(max(1.0, reset_at - time.time())),
+            )
+    except RateLimited:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
+        _fail_open("a failed authentication", exc)
+
+
+def count_failed_auth(address: str | None) -> None:
+    """Count one failed authentication from ``address``."""
+    items = _items(settings.RATE_LIMIT_FAILED_AUTH)
+    if not items or not address or not _redis_usable():
+        return
+    try:
+        limiter = MovingWindowRateLimiter(storage())
+        for item in items:
+            limiter.hit(item, "failed_auth", address)
+    except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
+        _fail_open("a failed authentication", exc)
 
 
 # --- Leases: requests and waits in flight ---------------------------------------------------

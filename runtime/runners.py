@@ -225,6 +225,9 @@ class TurnContext:
     # The credential of this turn for the turn API (/api/v1/turns/{id}/...):
     # in the envelope, never in a repr, a log line or the ledger.
     token: str = field(default="", repr=False)
+    # Who submitted the ticket (a user's id; None: the runtime admitted it):
+    # whose memory a per-submitter agent recalls (runtime/agents/memory.py).
+    submitter: int | None = None
     # The endpoint's recent context entries, read when the runner first asks
     # (``history``): a turn that never looks costs no query for them.
     _history_rows: list[dict[str, Any]] | None = field(default=None, repr=False)

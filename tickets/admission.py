@@ -120,8 +120,9 @@ def admit_ticket(
        to ask ``may_submit`` first; look up ``(endpoint, dedupe_key)`` in any
        state (same input -> duplicate, different -> 409); join the parent's
        trace; fail closed on quarantine; apply the busy policy and the
-       circuit breaker (the trace row locked, refused past the hard limit
-       before anything is written, flagged past the soft one); insert ticket,
+       circuit breaker (the trace row locked; counted per party, the
+       submitter or its ancestors'; refused past the hard limit before
+       anything is written, flagged past the soft one); insert ticket,
        event and trace count. The unique constraint decides a race: the
        loser waits for the winner's commit and returns its row.
     3. No broker publish: the ticket is marked ``needs_dispatch`` and the
@@ -330,7 +331,8 @@ def _refusal(status: str, row: tuple, *, parent_id: uuid.UUID | None) -> Excepti
         return EndpointBusy(f"endpoint {address} is running a turn and rejects new work")
     if status == "circuit_open":
         return CircuitOpen(
-            f"trace {row[5]} holds {settings.TRACE_HARD_LIMIT} tickets, its hard limit",
+            f"trace {row[5]} holds {settings.TRACE_HARD_LIMIT} tickets of this party "
+            "(the submitter whose tickets they are or descend from), its hard limit",
             trace_id=row[5],
             limit=settings.TRACE_HARD_LIMIT,
         )
