@@ -89,6 +89,8 @@ CELERY = VENV / "bin" / "celery"
 RUN_MARKER = VENV / ".run-installed"
 
 EXTRAS = os.environ.get("EXTRAS", "pydantic-ai openai-agents").split()
+# The agent runner's framework name for each extra (runtime/agents/).
+FRAMEWORKS = {"pydantic-ai": "pydantic_ai", "openai-agents": "openai_agents"}
 STOP_WAIT_S = float(os.environ.get("RUN_STOP_WAIT_S", "10"))
 SERVER_STOP_WAIT_S = 4.0
 MAX_RESTARTS = int(os.environ.get("RUN_MAX_RESTARTS", "5"))
@@ -561,9 +563,10 @@ class Supervisor:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["PORT"] = str(self.port)
-        # demo.agent runs on Pydantic AI: imported once in the worker's main
-        # process, not in every pool process's first turn (runtime/worker.py).
-        env.setdefault("AGENT_PRELOAD", "pydantic_ai")
+        # The installed frameworks (demo.agent, examples/) are imported once
+        # in the worker's main process, not in every pool process's first
+        # turn (runtime/worker.py): 15 s a turn for the Agents SDK here.
+        env.setdefault("AGENT_PRELOAD", ",".join(FRAMEWORKS[e] for e in EXTRAS if e in FRAMEWORKS))
         # The examples' agents (examples/, seeded by seed_demo) run on these
         # workers: their allow-list takes them.
         env.setdefault("RUNNER_PYTHON_ALLOWED_PREFIXES", "runtime.demo.,examples.")
