@@ -13,9 +13,9 @@ import os
 import secrets
 import signal
 import socket
-import threading
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
