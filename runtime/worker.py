@@ -38,6 +38,8 @@ from celery import signals
 from celery.worker.control import control_command
 from django.db import connection
 
+from core import logs
+
 from . import isolation, registry, runners, turns
 
 log = logging.getLogger(__name__)
@@ -252,9 +254,11 @@ def stop_running_turns(exit_after: bool = True) -> list:
 
 @control_command(
     name=registry.STOP_COMMAND,
-    args=[("stop_id", str), ("turn_id", str), ("pid", int), ("host", str)],
+    args=[("stop_id", str), ("turn_id", str), ("pid", int), ("host", str), ("decision", str)],
 )
-def stop_process(state, stop_id: str, turn_id: str, pid: int, host: str) -> dict:
+def stop_process(
+    state, stop_id: str, turn_id: str, pid: int, host: str, decision: str = ""
+) -> dict:
     """An owner's "stop the process", in the main process of the worker it
     names: only on the recorded host, only a pool process of this worker, and
     only while its slot still names that exact turn. The kill and the report
@@ -271,12 +275,15 @@ def stop_process(state, stop_id: str, turn_id: str, pid: int, host: str) -> dict
         ).start()
         return {"error": refused}
     threading.Thread(
-        target=_kill_slot, args=(node, stop_id, turn_id, pid), name="stop-process", daemon=True
+        target=_kill_slot,
+        args=(node, stop_id, turn_id, pid, decision),
+        name="stop-process",
+        daemon=True,
     ).start()
     return {"ok": f"stopping process {pid}"}
 
 
-def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int) -> None:
+def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int, decision: str = "") -> None:
     from .models import WorkerSlot
     from .ports import case_keeper
 
@@ -284,7 +291,12 @@ def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int) -> None:
         if not WorkerSlot.objects.filter(worker__name=node, pid=pid, turn_id=turn_id).exists():
             _resolve(stop_id, "gone", f"process {pid} no longer runs turn {turn_id}")
             return
-        log.warning("stopping pool process %s (turn %s) on an owner's request", pid, turn_id)
+        because = (
+            f"pool process {pid} (turn {turn_id}) stopped on an owner's request "
+            f"(stop {stop_id}, decision {decision or 'unknown'})"
+        )
+        log.warning("%s", because)
+        logs.expect_exit(pid, because)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
