@@ -11,12 +11,16 @@ clear 503, never a lost write (DESIGN.md, the developers' standards).
 - ``retry_transient(fn, ...)``: call ``fn`` until it returns, retrying a
   transient database error with capped exponential backoff and full jitter,
   for a bounded total time.
+- ``warn_transient(logger, what, exc)``: an outage's log line, one WARNING
+  per cause per second with no traceback (how many were left out is in the
+  next one): a 30 s outage is a few dozen lines, not a traceback per retry.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -62,6 +66,31 @@ def describe(exc: BaseException) -> str:
     no password: psycopg's messages name host and port at most)."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}"[:300]
+
+
+# At most one line per cause in this long (seconds).
+WARN_EVERY_S = 1.0
+# (logger, cause) -> [when last logged (monotonic), lines left out since].
+_warned: dict[tuple[str, str], list[float]] = {}
+_warned_lock = threading.Lock()
+
+
+def warn_transient(logger: logging.Logger, what: str, exc: BaseException) -> bool:
+    """Log a transient fault of ``what`` (the cause: "worker heartbeat of
+    x", "sweep budgets") as one WARNING line with ``describe(exc)`` and no
+    traceback, at most once a second per cause; the lines left out meanwhile
+    are counted in the next. True when this one was logged."""
+    key = (logger.name, what)
+    now = time.monotonic()
+    with _warned_lock:
+        entry = _warned.setdefault(key, [float("-inf"), 0.0])
+        if now - entry[0] < WARN_EVERY_S:
+            entry[1] += 1
+            return False
+        left_out, entry[0], entry[1] = int(entry[1]), now, 0.0
+    more = f" ({left_out} more like it not logged)" if left_out else ""
+    logger.warning("%s: %s%s", what, describe(exc), more)
+    return True
 
 
 def drop_broken_connection() -> None:
@@ -116,6 +145,8 @@ def retry_transient(
         )
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
+        # One line per retry: its backoff already spaces them (0.2 s doubling
+        # to 2 s), and each names the exact turn or task it holds up.
         log.warning(
             "%s: transient database error (%s); retry %d in %.2fs",
             what,

@@ -39,6 +39,7 @@ from celery.worker.control import control_command
 from django.db import connection
 
 from core import logs
+from core.transient import is_transient, warn_transient
 
 from . import isolation, registry, runners, turns
 
@@ -141,8 +142,11 @@ def _register(sender=None, **kwargs) -> None:
         while not SHUTDOWN.wait(settings.WORKER_HEARTBEAT_S):
             try:
                 registry.beat_worker(name, consuming())
-            except Exception:  # a database outage: the next beat retries
-                log.warning("worker heartbeat of %s failed", name, exc_info=True)
+            except Exception as exc:  # a database outage: the next beat retries
+                if is_transient(exc):
+                    warn_transient(log, f"worker heartbeat of {name} failed", exc)
+                else:
+                    log.warning("worker heartbeat of %s failed", name, exc_info=True)
                 connection.close()
 
     threading.Thread(target=beat, name="worker-heartbeat", daemon=True).start()
