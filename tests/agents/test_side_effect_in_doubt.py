@@ -15,6 +15,7 @@ import signal
 
 import pytest
 
+from recovery.audit import audit_ledger
 from recovery.models import RecoveryCase
 from recovery.services import decide, inspect_case
 from runtime.models import Turn, WorkerSlot
@@ -104,6 +105,9 @@ def test_a_turn_process_killed_mid_side_effect_opens_a_case_and_its_rerun_sees_t
     started = TicketEvent.objects.get(ticket_id=rerun.id, kind="tool_started")
     assert started.detail["idempotency_key"] == again["key"]
     assert started.detail["idempotency_key_in_doubt"] == first["key"]
+    # The ledger's own audit agrees with the whole flow.
+    report = audit_ledger()
+    assert report.ok, report.as_dict()
 
 
 def test_a_turn_process_that_raises_before_it_reports_says_why(celery_procs, make_endpoint):
