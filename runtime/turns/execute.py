@@ -227,8 +227,9 @@ def _side_effect_in_doubt(turn: Turn, runner: dict[str, Any], outcome: Outcome) 
     )
     if not calls:
         return False
+    # How the process ended (pid, signal or exit code, a crash's bounded
+    # traceback): the turn_uncertain event keeps it for the owner.
     exit_ = dict(outcome.error if outcome.kind == "failure" else outcome.evidence["detail"])
-    exit_.pop("traceback", None)  # on the case's ticket as its event; the reason stays short
     case = retry_transient(
         lambda: quarantine_side_effect_in_doubt(
             turn_id=turn.id,
