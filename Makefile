@@ -35,10 +35,14 @@ help: ## list the targets
 
 install: .venv/.installed ## the virtual environment at .venv/ from the lock file
 
-run: ## install what running needs, start embedded PostgreSQL + Redis, migrate, seed, web + workers + beat
-	@python3 scripts/run.py
+# The agent frameworks `make run` installs (optional dependency groups of
+# pyproject.toml): demo.agent and examples/ need them; `make run EXTRAS=` for none.
+EXTRAS ?= pydantic-ai openai-agents
 
-soak: install ## N minutes (SOAK_MINUTES, default 30) of mixed demo traffic on `make run`, one restart; figures
+run: ## install what running needs, start embedded PostgreSQL + Redis, migrate, seed, web + workers + beat
+	@EXTRAS="$(EXTRAS)" python3 scripts/run.py
+
+soak: install ## N minutes (SOAK_MINUTES, default 30) of mixed demo traffic on a `make run` of its own (var/soak/); figures
 	$(PY) bench/soak.py
 
 services: ## start the machine's PostgreSQL and Redis if they are stopped
@@ -80,7 +84,7 @@ test-fast: install services ## every test that starts no process of its own (no 
 		DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		-m "not integration and not browser and not faults and not multihost" $(PYTEST_ARGS)
 
-faults: install services ## the full fault suite (private PostgreSQL + Redis it kills; `make test` runs a reduced set)
+faults: install services pgbouncer ## the full fault suite (private PostgreSQL + Redis it kills, PgBouncer in front; `make test` runs a reduced set)
 	FAULTS_FULL=1 DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) \
 		$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)
 

@@ -65,7 +65,7 @@ SWEEP_RUNS = Counter(
 )
 SWEEP_ACTIONS = Counter(
     "claimcheck_sweep_actions",
-    "What the sweeps did, by sweep and action (interrupted, quarantined, redispatched, "
+    "What the sweeps did, by sweep and action (interrupted, quarantined, held, redispatched, "
     "published, overdue, callbacks, pruned_tickets, ...).",
     ["sweep", "action"],
 )

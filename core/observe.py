@@ -146,7 +146,12 @@ def _actions(name: str, result: Any) -> dict[str, int]:
     if isinstance(result, dict):
         return {k: int(v) for k, v in result.items()}
     if hasattr(result, "interrupted"):  # runtime.turns.SweepReport
-        return {"interrupted": len(result.interrupted), "quarantined": len(result.quarantined)}
+        return {
+            "interrupted": len(result.interrupted),
+            "quarantined": len(result.quarantined),
+            # Not quarantined yet: a live worker holds the turn's outcome.
+            "held": len(getattr(result, "held", ())),
+        }
     if isinstance(result, int):
         return {"done": result}
     return {

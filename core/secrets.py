@@ -11,6 +11,10 @@ order:
    ``RUNNER_SECRET_NAMES``: a staff member who configures a runner must not
    be able to send ``DATABASE_URL`` or ``SECRET_KEY`` to an agent of theirs.
 
+A turn's process that runs as the runner user (runtime/runas.py) reads
+neither: it resolves only the names its runner declares, which its
+supervisor resolved for it (``confine``).
+
 A name that resolves nowhere raises :class:`SecretMissing`; its message
 names the secret, never a value.
 """
@@ -30,6 +34,10 @@ NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 
 _lock = threading.Lock()
 _cache: dict[str, object] = {"path": None, "mtime": None, "values": {}}
+# In a turn's process that runs as the runner user (runtime/runas.py): the
+# secrets its runner names, handed over by its supervisor; None elsewhere
+# (the file and the environment are read).
+_confined: dict[str, str] | None = None
 
 
 class SecretMissing(Invalid):
@@ -69,9 +77,23 @@ def _file_values() -> dict[str, str]:
         return values
 
 
+def confine(values: dict[str, str]) -> None:
+    """From now on this process resolves only ``values`` (the secrets the
+    running turn's runner names), never the file or the environment, and
+    forgets the file's values it had read (a forked process inherits them)."""
+    global _confined
+    _confined = dict(values)
+    with _lock:
+        _cache.update(path=None, mtime=None, values={})
+
+
 def secret(name: str) -> str:
     """The value of the named secret on this host; :class:`SecretMissing` if none."""
     check_name(name)
+    if _confined is not None:
+        if name in _confined:
+            return _confined[name]
+        raise SecretMissing(f"secret {name} is not held on this worker host")
     values = _file_values()
     if name in values:
         return values[name]

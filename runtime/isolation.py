@@ -38,17 +38,30 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import hashlib
+import io
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from . import registry
-from .runners import Outcome, RunnerError, TurnContext
+from endpoints import runner_spec
+
+from . import registry, runas
+from .runners import (
+    Outcome,
+    RunnerError,
+    TurnContext,
+    carried_history,
+    runtime_error,
+    storable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +103,83 @@ class _ChildChannel:
             return self.conn.recv()
 
 
+# --- A child that runs as the runner user -------------------------------------------------
+#
+# Such a child (runas.py) cannot open the worker's files, so what a turn of
+# it needs from them its supervisor hands over: the secrets its runner names
+# (with the turn), and the artifacts an agent's memory reads and writes
+# (runtime/agents/memory.py), on request over the pipe.
+
+# Only content-addressed names, each body checked against its name: a turn
+# can neither overwrite a file nor read one whose digest it does not know.
+_ARTIFACT_NAME = re.compile(r"^(?:agents|receipts)/[0-9a-f]{2}/([0-9a-f]{64})\.json$")
+# In the child: the channel of the turn it runs now.
+_turn_channel: _ChildChannel | None = None
+
+
+def _named_secrets(runner: dict[str, Any]) -> dict[str, str]:
+    """The values of the secrets this runner names that this host holds (a
+    name it lacks stays missing in the child, which says so as inline)."""
+    from core import secrets
+
+    values = {}
+    for name in runner_spec.named_secrets(runner):
+        with contextlib.suppress(secrets.SecretMissing):
+            values[name] = secrets.secret(name)
+    return values
+
+
+class _SupervisedStorage:
+    """``default_storage`` in a child that runs as the runner user: the
+    calls an agent's memory makes, answered by the supervisor."""
+
+    def exists(self, name: str) -> bool:
+        return bool(self._ask("exists", name))
+
+    def save(self, name: str, content) -> str:
+        return self._ask("save", name, content.read())
+
+    def open(self, name: str, mode: str = "rb") -> io.BytesIO:
+        return io.BytesIO(self._ask("open", name))
+
+    def _ask(self, op: str, name: str, body: bytes | None = None) -> Any:
+        if _turn_channel is None:
+            raise OSError("artifacts are reachable during a turn only")
+        ok, value = _turn_channel.ask("storage", op, name, body)
+        if not ok:
+            raise OSError(value)
+        return value
+
+
+def _supervise_storage() -> None:
+    from django.core.files.storage import default_storage
+
+    default_storage._wrapped = _SupervisedStorage()
+
+
+def _storage_answer(op: str, name: str, body: bytes | None) -> tuple[bool, Any]:
+    """In the supervisor: one storage request of a child, ``(ok, value)``."""
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import default_storage
+
+    match = _ARTIFACT_NAME.match(str(name))
+    if match is None:
+        return False, f"not a content-addressed artifact name: {str(name)[:200]!r}"
+    try:
+        if op == "exists":
+            return True, default_storage.exists(name)
+        if op == "open":
+            with default_storage.open(name, "rb") as fh:
+                return True, fh.read()
+        if op == "save":
+            if not isinstance(body, bytes) or hashlib.sha256(body).hexdigest() != match[1]:
+                return False, f"the body of {name} does not match its name"
+            return True, default_storage.save(name, ContentFile(body))
+    except OSError as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    return False, f"unknown storage request {op!r}"
+
+
 # --- The warm child ---------------------------------------------------------------------
 
 # The fields of a TurnContext that cross the pipe: every plain one (a field
@@ -117,6 +207,8 @@ class WarmChild:
     # thread), so it serves one turn.
     keep: bool = True
     turns: int = 0
+    # The runner user it dropped to (runas.py); None: it runs as the worker.
+    user: runas.RunAs | None = None
 
 
 _idle: list[WarmChild] = []
@@ -148,7 +240,7 @@ def _recycle_turns() -> int:
     return max(1, int(getattr(settings, "ISOLATION_RECYCLE_TURNS", 500)))
 
 
-def _spawn() -> WarmChild:
+def _spawn(user: runas.RunAs | None = None) -> WarmChild:
     mp = multiprocessing.get_context("fork")
     parent_conn, child_conn = mp.Pipe(duplex=True)
     interrupt = mp.Event()
@@ -157,11 +249,11 @@ def _spawn() -> WarmChild:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         parent_conn.close()
-        _child_main(child_conn, interrupt, supervisor)
+        _child_main(child_conn, interrupt, supervisor, user)
     child_conn.close()
     log.debug("warm turn process %s started", pid)
     registry.slot_child(pid)
-    return WarmChild(pid=pid, conn=parent_conn, interrupt=interrupt, keep=keep)
+    return WarmChild(pid=pid, conn=parent_conn, interrupt=interrupt, keep=keep, user=user)
 
 
 def _exited(child: WarmChild) -> int | None:
@@ -179,12 +271,16 @@ def _take() -> WarmChild:
     global _used
     _used = True
     _reap_exiting()
+    user = runas.current()
     while True:
         with _idle_lock:
             child = _idle.pop() if _idle else None
         if child is None:
-            return _spawn()
+            return _spawn(user)
         status = _exited(child)
+        if status is None and child.user != user:  # the setting changed: not this child
+            _retire(child)
+            continue
         if status is None:
             return child
         with contextlib.suppress(OSError):
@@ -235,7 +331,10 @@ def replenish() -> None:
     with _idle_lock:
         if _idle:
             return
-    child = _spawn()
+    try:
+        child = _spawn(runas.current())
+    except runas.Unavailable:  # the next turn forks its own, and fails saying why
+        return
     with _idle_lock:
         _idle.append(child)
 
@@ -259,12 +358,18 @@ def _reset_turn_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def _child_main(conn: Connection, interrupt: Any, supervisor: int) -> None:
+def _child_main(
+    conn: Connection, interrupt: Any, supervisor: int, user: runas.RunAs | None = None
+) -> None:
     """In the forked child: runs turns until told to exit, or until a turn
     leaves the process changed; never returns (``os._exit``)."""
     code = 0
     try:
         os.setsid()  # signals to the worker's group go through the supervisor
+        if user is not None:
+            # Before the death signal: a change of user clears it.
+            runas.become(user)
+            _supervise_storage()
         _die_with_parent()
         if os.getppid() != supervisor:  # the supervisor died before the prctl
             return
@@ -282,13 +387,34 @@ def _child_main(conn: Connection, interrupt: Any, supervisor: int) -> None:
                 return
             if message[0] != "turn":
                 return
-            _, fields, log_context, run = message
-            if not _child_turn(conn, interrupt, fields, log_context, run):
+            _, fields, log_context, run, named = message
+            if not _child_turn(conn, interrupt, fields, log_context, run, named):
                 return
     except BaseException:  # noqa: BLE001 - the child must always exit
         code = 70
+        # Before it exits, the supervisor hears why (its log, the ticket's
+        # error): otherwise all anyone sees is "exit code 70".
+        with contextlib.suppress(BaseException):
+            conn.send(("crashed", _bounded_traceback()))
     finally:
         os._exit(code)
+
+
+# How much of a crashed turn process's traceback reaches the log and the
+# ticket's error: the first line and the innermost frames with the
+# exception itself, which is where it ends.
+CRASH_TEXT_CHARS = 4000
+
+
+def _bounded_traceback() -> str:
+    import traceback
+
+    text = traceback.format_exc()
+    if len(text) <= CRASH_TEXT_CHARS:
+        return text
+    head, _, _ = text.partition("\n")
+    tail = text[-(CRASH_TEXT_CHARS - len(head) - 6) :]
+    return f"{head}\n  …\n{tail}"
 
 
 def _history(channel: _ChildChannel) -> list[dict[str, Any]]:
@@ -298,13 +424,21 @@ def _history(channel: _ChildChannel) -> list[dict[str, Any]]:
     return rows
 
 
-def _child_turn(conn: Connection, interrupt: Any, fields: dict, log_context: dict, run) -> bool:
-    """One turn in the child; True when the process is fit for another."""
-    from core import logs
+def _child_turn(
+    conn: Connection, interrupt: Any, fields: dict, log_context: dict, run, named=None
+) -> bool:
+    """One turn in the child; True when the process is fit for another.
+    ``named``: the secrets of this turn's runner, when the child runs as the
+    runner user (it reads no secrets itself)."""
+    from core import logs, secrets
 
+    global _turn_channel
     _reset_turn_signals()
     environ, cwd = dict(os.environ), os.getcwd()
     channel = _ChildChannel(conn)
+    _turn_channel = channel
+    if named is not None:
+        secrets.confine(named)
     ctx = TurnContext(
         **fields,
         _interrupt=interrupt,
@@ -320,8 +454,16 @@ def _child_turn(conn: Connection, interrupt: Any, fields: dict, log_context: dic
     token = logs._context.set(dict(log_context))
     try:
         outcome = run(ctx)
+        # Checked here, before the pipe: what the ledger cannot store (too
+        # deep to pickle, among others) comes back as the turn's failure.
+        try:
+            outcome = storable(outcome)
+        except Exception as exc:
+            outcome = runtime_error(exc, "checking the runner's outcome")
     finally:
         logs._context.reset(token)
+        if named is not None:
+            secrets.confine({})
     # A connection the turn opened itself is its own: closed, not kept.
     from django.db import connections
 
@@ -383,6 +525,8 @@ class IsolatedTurn:
     status: int | None = None
     # The child sent its outcome and may serve another turn.
     fit: bool = False
+    # The traceback the child sent before it exited on an exception.
+    crash: str | None = None
     # Set by the worker's shutdown: stop now, do not wait for the next beat.
     shutdown: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -439,16 +583,21 @@ def run_isolated(ctx: TurnContext, run, *, kill_after_s: float) -> Outcome:
     module-level function (it crosses the pipe by name)."""
     from core import logs
 
-    message = ("turn", {f: getattr(ctx, f) for f in _CONTEXT_FIELDS}, logs.current(), run)
-    child = _take()
-    child.interrupt.clear()
     try:
-        child.conn.send(message)
-    except OSError:  # it died after the check: a fresh one
-        log.warning("warm turn process %s is gone; a new one runs the turn", child.pid)
-        _retire(child)
-        child = _spawn()
-        child.conn.send(message)
+        child = _take()
+    except runas.Unavailable as exc:
+        return Outcome.failure({"code": "runner_error", "detail": str(exc)})
+    fields = {f: getattr(ctx, f) for f in _CONTEXT_FIELDS}
+    named = _named_secrets(ctx.runner) if child.user is not None else None
+    message = ("turn", fields, logs.current(), run, named)
+    try:
+        child = _hand_over(child, message)
+    except Exception as exc:
+        # Nothing of the turn runs (a message that cannot be pickled is not
+        # sent at all; a child that got part of one is told to exit): the
+        # turn fails, the endpoint serves on.
+        log.exception("turn %s could not be handed to its process", ctx.turn_id)
+        return runtime_error(exc, "handing the turn to its process")
     turn = IsolatedTurn(
         pid=child.pid,
         turn_id=str(ctx.turn_id),
@@ -475,13 +624,40 @@ def run_isolated(ctx: TurnContext, run, *, kill_after_s: float) -> Outcome:
                 child.conn.close()
 
 
-def _outcome_left_in(conn: Connection) -> Outcome | None:
-    """The outcome among the messages an exited child left in the pipe."""
+def _hand_over(child: WarmChild, message: tuple) -> WarmChild:
+    """Send the turn to ``child``, this slot's warm child (a fresh one, as
+    the same user, when it died after the check); the child it went to. On
+    an error no child runs it: the one that may have got part of the
+    message is retired."""
+    child.interrupt.clear()
     try:
-        while conn.poll(0):
-            message = conn.recv()
+        child.conn.send(message)
+    except OSError:  # it died after the check: a fresh one
+        log.warning("warm turn process %s is gone; a new one runs the turn", child.pid)
+        _retire(child)
+        child = _spawn(child.user)
+        child.interrupt.clear()
+        try:
+            child.conn.send(message)
+        except BaseException:
+            _retire(child)
+            raise
+    except BaseException:
+        _retire(child)
+        raise
+    return child
+
+
+def _outcome_left_in(turn: IsolatedTurn) -> Outcome | None:
+    """The outcome among the messages an exited child left in the pipe (and
+    the traceback of its crash, kept on ``turn``)."""
+    try:
+        while turn.conn.poll(0):
+            message = turn.conn.recv()
             if message[0] == "outcome":
                 return message[1]
+            if message[0] == "crashed":
+                turn.crash = str(message[1])
     except (EOFError, OSError):
         pass
     return None
@@ -495,12 +671,15 @@ _FAILED_ANSWER: dict[str, Any] = {
     "continuation_of": None,
     "record": False,
     "history": None,
+    "storage": (False, "the worker could not answer"),
 }
 
 
 def _answer(ctx: TurnContext, verb: str, args: tuple) -> Any:
     if verb == "heartbeat":
         return ctx._heartbeat()
+    if verb == "storage":
+        return _storage_answer(*args)
     if verb == "children_of":
         return ctx._children_of(args[0])
     if verb == "ticket_state":
@@ -512,6 +691,25 @@ def _answer(ctx: TurnContext, verb: str, args: tuple) -> Any:
     if verb == "history":
         return ctx.history
     raise ValueError(f"unknown request {verb!r} from a turn's process")
+
+
+def _send_answer(conn: Connection, ctx: TurnContext, verb: str, reply: Any) -> None:
+    """An answer to the child; one that cannot be pickled (a history row
+    nested past what pickle carries, written before the depth bound) is
+    sent without what it cannot carry (history), else as a failed answer:
+    nothing of it was written, and the child must not wait for it."""
+    try:
+        conn.send(reply)
+        return
+    except OSError:
+        raise
+    except Exception:
+        log.exception("turn %s: the answer to %s cannot be sent to its process", ctx.turn_id, verb)
+    if verb == "history":
+        with contextlib.suppress(OSError, ValueError, TypeError, RecursionError):
+            conn.send(carried_history(reply, ForkingPickler.dumps))
+            return
+    conn.send(_FAILED_ANSWER.get(verb, ctx._interrupt.is_set()))
 
 
 def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
@@ -531,6 +729,8 @@ def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
                 if verb == "outcome":
                     outcome = message[1]
                     turn.fit = len(message) > 2 and bool(message[2])
+                elif verb == "crashed":
+                    turn.crash = str(message[1])
                 else:
                     try:
                         reply = _answer(ctx, verb, message[1:])
@@ -538,11 +738,11 @@ def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
                         log.exception("turn %s: answering %s failed", ctx.turn_id, verb)
                         reply = _FAILED_ANSWER.get(verb, ctx._interrupt.is_set())
                     with contextlib.suppress(OSError, BrokenPipeError):
-                        turn.conn.send(reply)
+                        _send_answer(turn.conn, ctx, verb, reply)
         if turn.reap():
             # The child may have sent its outcome and exited between the poll
             # above and this reap: what it sent is still in the pipe.
-            outcome = outcome or _outcome_left_in(turn.conn)
+            outcome = outcome or _outcome_left_in(turn)
             break
         if outcome is not None:
             if not (turn.interrupted_at is not None or ctx._interrupt.is_set()):
@@ -580,7 +780,30 @@ def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
     if interrupted:
         return Outcome.stopped("process_exit", turn.evidence())
     # The child died on its own without an outcome (a crash, os._exit).
-    return Outcome.failure(
-        {"code": "runner_died", "detail": "the turn's process exited without an outcome"}
-        | turn.evidence()
-    )
+    error = {"code": "runner_died", "detail": "the turn's process exited without an outcome"}
+    if turn.crash:
+        crash = _scrubbed(turn.crash, ctx)
+        last = crash.rstrip().rpartition("\n")[2]
+        error.update(detail=f"the turn's process raised before it could report: {last}")
+        error["traceback"] = crash
+        log.error(
+            "turn %s: process %s raised before it could report:\n%s", ctx.turn_id, turn.pid, crash
+        )
+    return Outcome.failure(error | turn.evidence())
+
+
+def _scrubbed(text: str, ctx: TurnContext) -> str:
+    """A crash's text without the turn's token or the values of the
+    secrets its runner put in the process's environment."""
+    from core.secrets import secret
+
+    if ctx.token:
+        text = text.replace(ctx.token, "[turn token]")
+    for name in (ctx.runner.get("secrets") or {}).values():
+        try:
+            value = secret(name)
+        except Exception:  # noqa: BLE001 - a secret that cannot be read was not exported
+            continue
+        if value:
+            text = text.replace(value, f"[secret {name}]")
+    return text

@@ -38,7 +38,10 @@ from celery import signals
 from celery.worker.control import control_command
 from django.db import connection
 
-from . import isolation, registry, runners, turns
+from core import logs
+from core.transient import is_transient, warn_transient
+
+from . import isolation, registry, runas, runners, turns
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,22 @@ def _pass_shutdown_to_turns(sig=None, how=None, exitcode=None, **kwargs) -> None
 
 
 @signals.worker_init.connect
+def _check_runner_user(sender=None, **kwargs) -> None:
+    """In a turns worker's main process, before it forks its pool: a
+    ``RUNNER_USER`` it cannot run turns as stops it here, saying why, rather
+    than at each turn (runas.py)."""
+    app = getattr(sender, "app", None)
+    consumed = app.amqp.queues.consume_from if app is not None else None
+    if consumed is not None and "turns" not in consumed:
+        return  # runs no turns: a control worker
+    try:
+        runas.check_at_start()
+    except runas.Unavailable as exc:
+        log.critical("%s", exc)
+        raise SystemExit(f"claimcheck: {exc}") from None
+
+
+@signals.worker_init.connect
 def _preload_agents(sender=None, **kwargs) -> None:
     """In the main process, before it forks its pool: import and warm the
     agent frameworks named in ``AGENT_PRELOAD``, so no pool process pays
@@ -139,8 +158,11 @@ def _register(sender=None, **kwargs) -> None:
         while not SHUTDOWN.wait(settings.WORKER_HEARTBEAT_S):
             try:
                 registry.beat_worker(name, consuming())
-            except Exception:  # a database outage: the next beat retries
-                log.warning("worker heartbeat of %s failed", name, exc_info=True)
+            except Exception as exc:  # a database outage: the next beat retries
+                if is_transient(exc):
+                    warn_transient(log, f"worker heartbeat of {name} failed", exc)
+                else:
+                    log.warning("worker heartbeat of %s failed", name, exc_info=True)
                 connection.close()
 
     threading.Thread(target=beat, name="worker-heartbeat", daemon=True).start()
@@ -252,9 +274,11 @@ def stop_running_turns(exit_after: bool = True) -> list:
 
 @control_command(
     name=registry.STOP_COMMAND,
-    args=[("stop_id", str), ("turn_id", str), ("pid", int), ("host", str)],
+    args=[("stop_id", str), ("turn_id", str), ("pid", int), ("host", str), ("decision", str)],
 )
-def stop_process(state, stop_id: str, turn_id: str, pid: int, host: str) -> dict:
+def stop_process(
+    state, stop_id: str, turn_id: str, pid: int, host: str, decision: str = ""
+) -> dict:
     """An owner's "stop the process", in the main process of the worker it
     names: only on the recorded host, only a pool process of this worker, and
     only while its slot still names that exact turn. The kill and the report
@@ -271,12 +295,15 @@ def stop_process(state, stop_id: str, turn_id: str, pid: int, host: str) -> dict
         ).start()
         return {"error": refused}
     threading.Thread(
-        target=_kill_slot, args=(node, stop_id, turn_id, pid), name="stop-process", daemon=True
+        target=_kill_slot,
+        args=(node, stop_id, turn_id, pid, decision),
+        name="stop-process",
+        daemon=True,
     ).start()
     return {"ok": f"stopping process {pid}"}
 
 
-def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int) -> None:
+def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int, decision: str = "") -> None:
     from .models import WorkerSlot
     from .ports import case_keeper
 
@@ -284,7 +311,12 @@ def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int) -> None:
         if not WorkerSlot.objects.filter(worker__name=node, pid=pid, turn_id=turn_id).exists():
             _resolve(stop_id, "gone", f"process {pid} no longer runs turn {turn_id}")
             return
-        log.warning("stopping pool process %s (turn %s) on an owner's request", pid, turn_id)
+        because = (
+            f"pool process {pid} (turn {turn_id}) stopped on an owner's request "
+            f"(stop {stop_id}, decision {decision or 'unknown'})"
+        )
+        log.warning("%s", because)
+        logs.expect_exit(pid, because)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10

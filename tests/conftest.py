@@ -72,6 +72,7 @@ FAIR_SHARE_OFF = {
     "RATE_LIMIT_ADMISSIONS": "",
     "RATE_LIMIT_CONCURRENT_REQUESTS": 0,
     "RATE_LIMIT_CONCURRENT_WAITS": 0,
+    "RATE_LIMIT_FAILED_AUTH": "",
     "API_WAIT_SLOTS": 64,
 }
 
@@ -117,6 +118,9 @@ TEST_RUNNER_SECRET = "worker-held-secret-value"
 def _runner_allow_list(settings):
     settings.RUNNER_PYTHON_ALLOWED_PREFIXES = TEST_RUNNER_PYTHON_PREFIXES
     settings.RUNNER_COMMAND_ALLOWED = TEST_RUNNER_COMMANDS
+    # Turns run as the test process's user (tests/endpoints/test_runner_user.py
+    # switches): this interpreter may live where another user cannot enter.
+    settings.RUNNER_USER = ""
 
 
 @pytest.fixture(autouse=True)
@@ -252,6 +256,7 @@ def _test_env() -> dict[str, str]:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["RUNNER_PYTHON_ALLOWED_PREFIXES"] = ",".join(settings.RUNNER_PYTHON_ALLOWED_PREFIXES)
     env["RUNNER_COMMAND_ALLOWED"] = ",".join(settings.RUNNER_COMMAND_ALLOWED)
+    env["RUNNER_USER"] = ""
     # One named secret the workers hold, for runners that reference it.
     env["RUNNER_SECRET_NAMES"] = "TEST_RUNNER_SECRET"
     env["TEST_RUNNER_SECRET"] = TEST_RUNNER_SECRET

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
@@ -16,7 +17,7 @@ from core import fairshare, limits, tracing
 from core.errors import Invalid
 from core.schemas import Strict
 from core.times import as_utc
-from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
+from core.transient import TRANSIENT_ERRORS, answer_by, describe, drop_broken_connection
 from endpoints.selectors import resolve_endpoint
 
 from . import admission, delivery, obligations, retry, selectors, traces, waits
@@ -26,6 +27,10 @@ from .schemas import EventOut, LineageOut, TicketOut, TicketPage
 
 log = logging.getLogger(__name__)
 router = Router(tags=["tickets"])
+
+# What a committed admission's answer may take past its ``wait_s`` to read
+# the ticket back: past it, the ticket as last read.
+READ_BACK_S = 1.0
 
 
 class ReturnToIn(Strict):
@@ -70,7 +75,9 @@ def answer_admitted(request: HttpRequest, admitted: admission.Admitted, wait_s: 
     wait slot is free (core/fairshare.py; none free: it answers at once);
     a wait or a re-read that meets a transient fault (the database or the
     listener's connection gone) answers with the ticket as it was last
-    read, else as it was committed."""
+    read, else as it was committed. Its reads end by the request's own
+    deadline, ``wait_s`` and ``READ_BACK_S`` after the commit, however long
+    a pooler would hold them (``answer_by``)."""
     status = 200 if admitted.duplicate else 201
     # Built before any wait: a new ticket's row and endpoint are at hand
     # (admission returns them), so this normally costs no query.
@@ -81,8 +88,9 @@ def answer_admitted(request: HttpRequest, admitted: admission.Admitted, wait_s: 
         if not granted:  # the ticket as admission just read it, at once
             return rendered(request, status, body)
         try:
-            ticket = wait_for_terminal(selectors.get_ticket(admitted.ticket.id), wait_s)
-            body = selectors.ticket_payload(ticket, duplicate=admitted.duplicate)
+            with answer_by(time.monotonic() + wait_s + READ_BACK_S):
+                ticket = wait_for_terminal(selectors.get_ticket(admitted.ticket.id), wait_s)
+                body = selectors.ticket_payload(ticket, duplicate=admitted.duplicate)
         except TRANSIENT_ERRORS as exc:
             drop_broken_connection()
             log.warning(

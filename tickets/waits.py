@@ -18,8 +18,10 @@ own, outside a transaction).
 Two waits use it: ``wait_until_terminal`` (the API's ``wait_s``) and
 ``wait_for_change`` (the console's live regions, console/views/live.py).
 
-While the listener is down (a database restart), ``wait_s`` falls back to reading the ticket every
-0.5 s and ``wait_for_change`` answers at once (the console polls instead).
+While the listener is down (a database restart), a wait cannot wait: ``wait_s``
+answers at once with the ticket as last read (reading it again would wait on
+the database, or on a pooler that holds the read through the outage), and
+``wait_for_change`` answers at once (the console polls instead).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from core.wakes import wake
 log = logging.getLogger(__name__)
 
 TICKET_CHANNEL = "claimcheck_ticket"
-FALLBACK_POLL_S = 0.5
 # The listener's application_name (pg_stat_activity).
 LISTENER_NAME = "claimcheck waits"
 # The listener closes its connection after this long without a waiter (and
@@ -76,6 +77,9 @@ class _Hub:
             self.unsubscribe(ticket_id, event)
             return None
         return event
+
+    def listening(self) -> bool:
+        return self._listening.is_set()
 
     def unsubscribe(self, ticket_id: uuid.UUID | str, event: threading.Event | None) -> None:
         if event is None:
@@ -146,23 +150,22 @@ _hub = _Hub()
 
 def wait_until_terminal(ticket, wait_s: float, load, is_terminal):
     """Return the ticket (``load(id)``, a fresh read) once ``is_terminal``
-    holds of it or ``wait_s`` has passed; ``ticket`` is the caller's read."""
+    holds of it or ``wait_s`` has passed; ``ticket`` is the caller's read.
+    With no listener (the database away), at once with the last read."""
     deadline = time.monotonic() + wait_s
     ticket_id = ticket.id
     if is_terminal(ticket):
         return ticket
     event = _hub.subscribe(ticket_id)
+    if event is None:
+        return ticket
     try:
         while True:
-            if event is not None:
-                event.clear()  # before the read: a change after it sets it again
+            event.clear()  # before the read: a change after it sets it again
             ticket = load(ticket_id)  # after subscribing: nothing slips between
             left = deadline - time.monotonic()
             if is_terminal(ticket) or left <= 0:
                 return ticket
-            if event is None:
-                time.sleep(min(FALLBACK_POLL_S, left))
-                continue
             # Hold no database session while waiting: a hundred waiters
             # would otherwise pin a hundred connections (PostgreSQL's
             # default max_connections is 100). One reconnect on waking.
@@ -170,6 +173,8 @@ def wait_until_terminal(ticket, wait_s: float, load, is_terminal):
                 connection.close()
             if not event.wait(left):
                 return load(ticket_id)
+            if not _hub.listening():
+                return ticket  # woken by the listener's loss: the database is away
     finally:
         _hub.unsubscribe(ticket_id, event)
 

@@ -8,8 +8,8 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -22,6 +22,7 @@ from tickets import lifecycle
 
 from .. import runners
 from ..models import TURN_ACTIVE_STATES, Turn, TurnState
+from .held import held, holding
 from .quarantine import quarantine_turn
 from .sweeplock import sweep_lock
 
@@ -137,11 +138,13 @@ class BudgetWatch:
         raised the flag for is in the ledger (retried through an outage),
         so the finish records why the turn stopped."""
         if self.flag_at is not None and not self.recorded:
-            retry_transient(
-                self._request,
-                what=f"interrupt of turn {self.turn.id}",
-                max_s=settings.FINISH_RETRY_MAX_S,
-            )
+            # The runner stopped: its stop evidence is held meanwhile.
+            with held(self.turn.id, self.turn.seq, "stopped", None):
+                retry_transient(
+                    self._request,
+                    what=f"interrupt of turn {self.turn.id}",
+                    max_s=settings.FINISH_RETRY_MAX_S,
+                )
 
     def quarantine_unproven(self) -> uuid.UUID | None:
         """The runner gave up without stop evidence (an isolated process that
@@ -253,6 +256,34 @@ class SweepReport:
     interrupted: list[uuid.UUID]
     quarantined: list[uuid.UUID]
     skipped: bool = False
+    # Interrupting turns past their stop window whose outcome a live worker
+    # holds (runtime/turns/held.py): their finish is on its way.
+    held: list[uuid.UUID] = field(default_factory=list)
+
+
+def _held_off(turn: Turn, now: datetime) -> bool:
+    """Not quarantined yet: the worker that ran this exact turn is alive and
+    holds its outcome (the runner returned: it stopped), and its finish waits
+    for the database (behind a pooler, up to ``server_login_retry`` longer
+    than the sweep's direct connection). For at most ``FINISH_RETRY_MAX_S``
+    past the stop window, as long as the worker retries its finish; its
+    finish is then judged as any late outcome (docs/design.md, "A late
+    outcome")."""
+    limit = timedelta(seconds=_stop_window(turn) + settings.FINISH_RETRY_MAX_S)
+    if turn.interrupt_requested_at + limit <= now:
+        return False
+    announced = holding(turn.id, turn.seq)
+    if announced is None:
+        return False
+    log.info(
+        "turn %s seq %s: no quarantine, its worker %s:%s holds its %s outcome",
+        turn.id,
+        turn.seq,
+        announced.get("host"),
+        announced.get("pid"),
+        announced.get("outcome"),
+    )
+    return True
 
 
 def sweep_budgets() -> SweepReport:
@@ -262,7 +293,8 @@ def sweep_budgets() -> SweepReport:
     2. Running turns past ``deadline_at``, or whose heartbeat is older than
        their endpoint's ``heartbeat_timeout_s``: request an interrupt.
     3. Interrupting turns whose grace has run out with no stop evidence:
-       quarantine.
+       quarantine -- unless a live worker holds the turn's outcome and
+       retries its finish (``_held_off``).
     Each transition is its own conditional transaction, so even without the
     advisory lock two sweepers could not both act on one turn. The query
     reads only active turns (a partial index): the cost follows the number of
@@ -288,6 +320,9 @@ def sweep_budgets() -> SweepReport:
                 if reason and request_interrupt(turn_id=turn.id, reason=reason, actor="sweeper"):
                     report.interrupted.append(turn.id)
             elif turn.interrupt_requested_at + timedelta(seconds=_stop_window(turn)) <= now:
+                if _held_off(turn, now):
+                    report.held.append(turn.id)
+                    continue
                 case = quarantine_turn(turn_id=turn.id)
                 if case is not None:
                     report.quarantined.append(case)

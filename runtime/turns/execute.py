@@ -12,19 +12,25 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db.models import F, Q
 
+from core.errors import DomainError
 from core.transient import (
+    is_transient,
     retry_transient,
 )
+from endpoints import runner_spec
 from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
 
 from .. import registry, runners, running
 from ..models import ContextEntry, Turn
 from ..runners import Outcome, TurnContext
-from .budgets import BudgetWatch
+from .budgets import WORKER_ACTOR, BudgetWatch
 from .finish import Finished, finish_turn
 from .heartbeats import Heartbeater
-from .receipts import record_turn_event
+from .held import held
+from .quarantine import quarantine_side_effect_in_doubt
+from .receipts import MAX_OPEN_CALLS, keys_in_doubt, open_side_effect_calls, record_turn_event
 from .start import Started, start_turn, started_by
 
 log = logging.getLogger(__name__)
@@ -127,9 +133,14 @@ def _run_one(
         # an error here would leave a started turn without an outcome, and
         # the budget sweep would quarantine a healthy endpoint.
         _load_history=lambda: _read_with_retry(
-            lambda: recent_history(endpoint.id, limit=history_entries(endpoint.runner)),
+            lambda: recent_history(
+                endpoint.id,
+                limit=history_entries(endpoint.runner),
+                **_memory_party(endpoint.runner, ticket),
+            ),
             what=f"history for turn {turn.id}",
         ),
+        submitter=ticket.submitted_by_id,
         deadline=turn.deadline_at,
         runner=endpoint.runner,
         interrupt_grace_s=endpoint.interrupt_grace_s,
@@ -147,6 +158,10 @@ def _run_one(
         ),
         _continuation_of=lambda other: _read_with_retry(
             lambda: waiting_on(endpoint.id, other), what=f"continuation for turn {turn.id}"
+        ),
+        keys_in_doubt=_read_with_retry(
+            lambda: keys_in_doubt(ticket=ticket, runner=endpoint.runner),
+            what=f"keys in doubt for turn {turn.id}",
         ),
     )
     log.info(
@@ -177,18 +192,25 @@ def _run_one(
             log.error("turn %s: no stop evidence (%s)", turn.id, outcome.evidence)
             watch.quarantine_unproven()
             return turn.id, None
+        if _ended_unreported(outcome) and _side_effect_in_doubt(turn, endpoint.runner, outcome):
+            # The process is gone, but whether its open calls took effect is
+            # not known: an owner's case, never a failure anyone may retry.
+            return turn.id, None
         if outcome.kind == "stopped":
             # Stopped by the flag this worker raised: the interrupt is in the
             # ledger before the finish, which then records why (timed out).
             watch.record_interrupt()
-        finished = finish_with_retry(
-            turn=turn,
-            outcome=outcome,
-            slot=slot,
-            start_next=chain(),
-            celery_task_id=celery_task_id,
-            ran_s=ran_s,
-        )
+        try:
+            finished = finish_with_retry(
+                turn=turn,
+                outcome=outcome,
+                slot=slot,
+                start_next=chain(),
+                celery_task_id=celery_task_id,
+                ran_s=ran_s,
+            )
+        except Exception as exc:
+            finished = _finish_after_fault(turn=turn, exc=exc, slot=slot, ran_s=ran_s)
         idle_recorded = finished.slot_recorded
     finally:
         with _current_lock:
@@ -197,6 +219,42 @@ def _run_one(
             registry.slot_idle()
         beater.stop()
     return turn.id, finished.started
+
+
+def _ended_unreported(outcome: Outcome) -> bool:
+    """The turn's process ended without reporting how its work ended: it
+    died (``runner_died``) or the escalation killed it (``process_exit``)."""
+    if outcome.kind == "failure":
+        return isinstance(outcome.error, dict) and outcome.error.get("code") == "runner_died"
+    return outcome.kind == "stopped" and (outcome.evidence or {}).get("kind") == "process_exit"
+
+
+def _side_effect_in_doubt(turn: Turn, runner: dict[str, Any], outcome: Outcome) -> bool:
+    """True when the turn's side-effecting tool calls without an end made
+    it a recovery case (``quarantine_side_effect_in_doubt``); False when
+    there were none (the outcome is finished as it is) or another process
+    ended the turn first."""
+    calls = _read_with_retry(
+        lambda: open_side_effect_calls(ticket_id=turn.ticket_id, turn_id=turn.id, runner=runner),
+        what=f"open tool calls of turn {turn.id}",
+    )
+    if not calls:
+        return False
+    # How the process ended (pid, signal or exit code, a crash's bounded
+    # traceback): the turn_uncertain event keeps it for the owner.
+    exit_ = dict(outcome.error if outcome.kind == "failure" else outcome.evidence["detail"])
+    case = retry_transient(
+        lambda: quarantine_side_effect_in_doubt(
+            turn_id=turn.id,
+            seq=turn.seq,
+            open_calls=calls[:MAX_OPEN_CALLS],
+            exit=exit_,
+            actor=WORKER_ACTOR,
+        ),
+        what=f"quarantine of turn {turn.id}",
+        max_s=settings.FINISH_RETRY_MAX_S,
+    )
+    return case is not None
 
 
 # The turns this process runs right now, with their interrupt flags: the
@@ -210,8 +268,32 @@ def current_turns() -> list[tuple[Turn, threading.Event]]:
         return list(_current.values())
 
 
-def recent_history(endpoint_id: int, *, limit: int = HISTORY_ENTRIES) -> list[dict[str, Any]]:
-    rows = ContextEntry.objects.filter(endpoint_id=endpoint_id).order_by("-seq")[:limit]
+def _memory_party(runner: dict[str, Any], ticket: Ticket) -> dict[str, Any]:
+    """How an agent's turn reads its history: each entry with its ticket's
+    submitter (whose exchange it is: runtime/agents/memory.py), and for a
+    per-submitter memory and a submitter's own ticket only that submitter's
+    entries and the runtime's (a resume's callback has no submitter), so
+    others' exchanges do not crowd the window out. {} for other runners."""
+    mode = runner_spec.memory_mode(runner)
+    if mode is None:
+        return {}
+    if mode == "shared" or ticket.submitted_by_id is None:
+        return {"with_submitter": True}
+    return {"with_submitter": True, "party": ticket.submitted_by_id}
+
+
+def recent_history(
+    endpoint_id: int,
+    *,
+    limit: int = HISTORY_ENTRIES,
+    with_submitter: bool = False,
+    party: int | None = None,
+) -> list[dict[str, Any]]:
+    rows = ContextEntry.objects.filter(endpoint_id=endpoint_id)
+    if with_submitter:
+        rows = rows.annotate(submitter=F("ticket__submitted_by_id"))
+    if party is not None:
+        rows = rows.filter(Q(ticket__submitted_by_id=party) | Q(ticket__submitted_by__isnull=True))
     return [
         {
             "seq": e.seq,
@@ -219,8 +301,9 @@ def recent_history(endpoint_id: int, *, limit: int = HISTORY_ENTRIES) -> list[di
             "input": e.input,
             "result": e.result,
             "artifacts": e.artifacts or [],
+            **({"submitter": e.submitter} if with_submitter else {}),
         }
-        for e in reversed(rows)
+        for e in reversed(rows.order_by("-seq")[:limit])
     ]
 
 
@@ -348,6 +431,25 @@ def start_with_retry(
     )
 
 
+def _finish_after_fault(
+    *, turn: Turn, exc: Exception, slot: tuple[str, int] | None, ran_s: float | None
+) -> Finished:
+    """The runner returned, and finishing its turn raised in the worker's own
+    code (an outcome json or PostgreSQL refused that ``runners.storable``
+    did not foresee, a bug): the turn fails ``runtime_error`` with the
+    exception's class, through the same finish, so it ends recorded and the
+    endpoint serves on. Nothing of the failed attempt was written (the
+    finish is one transaction). Raised again: a database still away past
+    the retries and a domain error (the turn is not this worker's to
+    finish), both the sweep's, and a second failure."""
+    if is_transient(exc) or isinstance(exc, DomainError):
+        raise exc
+    log.exception("turn %s: finishing it failed; it fails runtime_error", turn.id)
+    return finish_with_retry(
+        turn=turn, outcome=runners.runtime_error(exc, "finishing the turn"), slot=slot, ran_s=ran_s
+    )
+
+
 def finish_with_retry(
     *,
     turn: Turn,
@@ -363,19 +465,22 @@ def finish_with_retry(
     reply, the retry finds this turn already ended with this same outcome
     (``outcome_sha256`` on its terminal event) and records nothing again.
     Domain errors are not retried. After the last attempt fails the turn is
-    left to the budget sweep (fail closed: quarantine)."""
-    return retry_transient(
-        lambda: finish_turn(
-            turn_id=turn.id,
-            seq=turn.seq,
-            outcome=outcome,
-            source="worker",
-            turn=turn,
-            slot=slot,
-            start_next=start_next,
-            celery_task_id=celery_task_id,
-            ran_s=ran_s,
-        ),
-        what=f"finish of turn {turn.id} seq {turn.seq}",
-        max_s=settings.FINISH_RETRY_MAX_S,
-    )
+    left to the budget sweep (fail closed: quarantine). Meanwhile the sweep
+    knows this worker holds the outcome (``held``: no quarantine while it
+    retries)."""
+    with held(turn.id, turn.seq, outcome.kind, ran_s):
+        return retry_transient(
+            lambda: finish_turn(
+                turn_id=turn.id,
+                seq=turn.seq,
+                outcome=outcome,
+                source="worker",
+                turn=turn,
+                slot=slot,
+                start_next=start_next,
+                celery_task_id=celery_task_id,
+                ran_s=ran_s,
+            ),
+            what=f"finish of turn {turn.id} seq {turn.seq}",
+            max_s=settings.FINISH_RETRY_MAX_S,
+        )

@@ -507,3 +507,64 @@ def test_a_late_failure_is_a_result_and_a_late_stop_is_a_stop(make_endpoint, kin
     assert done.ticket_state == ticket.state == "failed"
     assert ticket.error["code"] == ("boom" if kind == "failure" else "timed_out")
     assert Turn.objects.get(id=turn.id).state == ("failed" if kind == "failure" else "stopped")
+
+
+# --- A held outcome: a live worker's finish on its way is not taken for a lost turn -------------
+
+
+def test_the_sweep_does_not_quarantine_a_turn_whose_worker_holds_its_outcome(make_endpoint):
+    """The worker's finish waits for the database (behind a pooler, past the
+    sweep's direct connection): it announces the outcome it holds through
+    Redis (runtime/turns/held.py). Past the grace the sweep leaves the turn
+    interrupting while the announcement lives; the finish then lands as the
+    turn's result; the announcement is taken back."""
+    from runtime.turns import held as held_module
+    from runtime.turns.held import held, holding
+
+    turn = _interrupted_turn(make_endpoint, turn_budget_s=5, interrupt_grace_s=0.05)
+    # A finish that lands in time announces nothing and leaves nothing to write.
+    with held(turn.id, turn.seq, "success", 0.1):
+        pass
+    assert turn.id not in held_module._holder()._entries
+    before_interrupt = (turn.interrupt_requested_at - turn.started_at).total_seconds() - 0.001
+    with held(turn.id, turn.seq, "success", before_interrupt):
+        wait_for(lambda: holding(turn.id, turn.seq), timeout=10, message="the announcement")
+        report = wait_for(
+            lambda: (r := runtime.sweep_budgets()).held and r,
+            timeout=10,
+            message="the sweep to hold off past the stop window",
+        )
+        assert report.held == [turn.id] and not report.quarantined
+        assert Turn.objects.get(id=turn.id).state == "interrupting"
+        assert not RecoveryCase.objects.filter(turn=turn).exists()
+        done = runtime.finish_turn(
+            turn_id=turn.id,
+            seq=turn.seq,
+            outcome=runtime.Outcome.success({"answer": 42}),
+            source="worker",
+            ran_s=before_interrupt,
+        )
+    assert done.accepted and done.ticket_state == "succeeded"
+    assert Ticket.objects.get(id=turn.ticket_id).result == {"answer": 42}
+    wait_for(lambda: holding(turn.id, turn.seq) is None, timeout=10, message="it taken back")
+    assert Endpoint.objects.get(id=turn.endpoint_id).state == "available"
+
+
+def test_an_outcome_held_for_another_seq_or_by_nobody_does_not_stop_the_quarantine(
+    make_endpoint,
+):
+    import json
+
+    from runtime.turns import held
+
+    turn = _interrupted_turn(make_endpoint, turn_budget_s=5, interrupt_grace_s=0.05)
+    held._client().set(held.key(turn.id), json.dumps({"seq": turn.seq + 1}), ex=30)
+    try:
+        wait_for(
+            lambda: runtime.sweep_budgets().quarantined,
+            timeout=10,
+            message="the quarantine of a turn nobody holds",
+        )
+    finally:
+        held._client().delete(held.key(turn.id))
+    assert Turn.objects.get(id=turn.id).state == "uncertain"

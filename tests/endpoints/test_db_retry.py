@@ -95,6 +95,71 @@ def test_retrying_stops_after_the_bounded_total():
     assert len(flaky.calls) > 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_past_its_answer_by_deadline_fails_then_as_a_transient_error():
+    """A statement held past the request's deadline (behind PgBouncer: for
+    the whole outage) fails when the deadline comes, as a transient error
+    the request answers with what it has; the cut connection is closed and
+    the next statement opens a new one. A block that ends in time cuts
+    nothing."""
+    from django.db import connection
+
+    from core.transient import TRANSIENT_DB_ERRORS, answer_by
+
+    started = time.monotonic()
+    with (
+        pytest.raises(TRANSIENT_DB_ERRORS),
+        answer_by(time.monotonic() + 0.5),
+        connection.cursor() as cur,
+    ):
+        cur.execute("SELECT pg_sleep(5)")
+    assert time.monotonic() - started < 3
+    assert connection.connection is None
+    with answer_by(time.monotonic() + 30), connection.cursor() as cur:
+        cur.execute("SELECT 1")
+        assert cur.fetchone() == (1,)
+    live = connection.connection
+    with connection.cursor() as cur:
+        cur.execute("SELECT 2")
+        assert cur.fetchone() == (2,)
+    assert connection.connection is live
+
+
+def test_a_connect_a_pooler_holds_ends_by_the_deadline_too(django_db_blocker):
+    """PgBouncer holds a client's login while it cannot reach the server:
+    a connect inside ``answer_by`` times out by the deadline (psycopg's 2 s
+    floor), not by ``DB_CONNECT_TIMEOUT_S`` (5 s)."""
+    import socket
+
+    from django.db import connections
+
+    from core.transient import TRANSIENT_DB_ERRORS, answer_by
+
+    # Accepts connections (the kernel's backlog) and never answers one.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        connections.databases["held"] = {
+            **connections.databases["default"],
+            "HOST": "127.0.0.1",
+            "PORT": port,
+        }
+        try:
+            started = time.monotonic()
+            deadline = time.monotonic() + 0.5
+            with (
+                django_db_blocker.unblock(),
+                pytest.raises(TRANSIENT_DB_ERRORS),
+                answer_by(deadline, using="held"),
+            ):
+                connections["held"].ensure_connection()
+            assert time.monotonic() - started < 4
+        finally:
+            connections["held"].close()
+            del connections.databases["held"]
+
+
 def test_a_wrapped_connection_error_is_transient():
     try:
         try:

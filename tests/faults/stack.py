@@ -171,11 +171,16 @@ class Stack:
             self.procs[name] = subprocess.Popen(
                 argv,
                 cwd=ROOT,
-                env=self.env,
+                env=self.env_for(name),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: kill it whole
             )
+
+    def env_for(self, name: str) -> dict[str, str]:
+        """The environment ``name`` starts with (a stack behind a pooler
+        gives its pooled processes another ``DATABASE_URL``)."""
+        return self.env
 
     def _offset(self, name: str) -> int:
         """Where the current run's part of the log begins."""
