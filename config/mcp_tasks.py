@@ -36,7 +36,6 @@ import json
 import logging
 from typing import Any
 
-from django.conf import settings
 from django.http import Http404, HttpRequest
 
 from core.errors import DomainError, NotFound
@@ -60,8 +59,9 @@ INTERNAL_ERROR = -32603
 TICKET_FAILED = -32000
 
 
-def poll_interval_ms() -> int:
-    return int(getattr(settings, "MCP_TASK_POLL_INTERVAL_MS", 2000))
+# What tasks/get suggests between polls: a ticket's state changes at turn
+# boundaries, seconds apart; the key's request limits bound a faster poller.
+POLL_INTERVAL_MS = 2000
 
 
 def requested(ctx) -> bool:
@@ -171,7 +171,7 @@ def task(ticket, *, detailed: bool) -> dict[str, Any]:
         # The ledger keeps a ticket for as long as it keeps its records; no
         # task expires on its own.
         "ttlSeconds": None,
-        "pollIntervalMilliseconds": poll_interval_ms(),
+        "pollIntervalMilliseconds": POLL_INTERVAL_MS,
         **extra,
         "_meta": {LEDGER_META: ledger},
     }

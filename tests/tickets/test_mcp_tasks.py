@@ -257,3 +257,30 @@ def test_without_the_extension_submit_answers_as_before(live_server, make_endpoi
 
     result = asyncio.run(calls())
     assert not result.is_error and result.structured_content["state"] == "queued"
+
+
+def test_the_docs_tasks_example_runs(worker, live_server, make_endpoint, api_key, capsys):
+    """docs/mcp.md's tasks example, as written, against a live server (its
+    key and URL are the only lines changed)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "mcp.md").read_text()
+    section = doc[doc.index("## Tasks (") :]
+    code = section[section.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```\n")]
+    for line, replacement in (
+        ('KEY = open("var/demo_api_key").read().strip()', f"KEY = {api_key!r}"),
+        ('URL = "http://127.0.0.1:8000/mcp"', f"URL = {live_server.url + '/mcp'!r}"),
+    ):
+        assert line in code, line
+        code = code.replace(line, replacement)
+    make_endpoint("demo.sleep", path="runtime.demo.sleep")
+
+    # As a script runs it: without this module's postponed annotations.
+    exec(compile(code, "docs/mcp.md", "exec", dont_inherit=True), {"__name__": "docs_example"})
+
+    printed = capsys.readouterr().out.splitlines()
+    task_id = printed[0].split()[1]
+    assert printed[0] == f"task {task_id} working", printed
+    assert printed[1].startswith("completed {'slept_s': "), printed
+    assert printed[2] == "succeeded", printed
