@@ -284,3 +284,67 @@ def test_the_docs_tasks_example_runs(worker, live_server, make_endpoint, api_key
     assert printed[0] == f"task {task_id} working", printed
     assert printed[1].startswith("completed {'slept_s': "), printed
     assert printed[2] == "succeeded", printed
+
+
+AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"}
+
+
+def test_ticket_states_map_onto_task_statuses(live_server, make_endpoint, django_user_model):
+    """Each ticket reaches its state by the runtime's own steps (its turn
+    run in this process), then tasks/get reads it."""
+    pytest.importorskip("pydantic_ai")
+    from runtime import turns as runtime
+    from tests.client.conftest import Ledger
+    from tickets.models import Ticket
+
+    django_user_model.objects.create_user("alice")
+    make_endpoint("demo.echo", owners=["alice"])
+    make_endpoint("demo.fail", path="runtime.demo.fail", owners=["alice"])
+    make_endpoint("demo.agent", runner=AGENT, owners=["alice"])
+    make_endpoint(
+        "tasks.stuck", path="runtime.demo.stuck", interrupt_grace_s=0.05, owners=["alice"]
+    )
+    alice = key_of("alice")
+    asks = {
+        "failed": ("demo.fail", {}),
+        "approval": ("demo.agent", {"prompt": "send ops"}),
+        "delegated": ("demo.agent", {"prompt": "delegate a"}),
+    }
+
+    async def submit_all() -> dict[str, str]:
+        async with connect(live_server.url, alice) as client:
+            ids = {}
+            for name, (endpoint, input_) in asks.items():
+                handle = await submit(client, endpoint=endpoint, input=input_, dedupe_key=name)
+                assert isinstance(handle, TaskHandle), (name, handle)
+                ids[name] = handle.task_id
+            return ids
+
+    ids = asyncio.run(submit_all())
+    for name in asks:
+        runtime.run_ticket(ticket_id=ids[name])
+    assert {n: Ticket.objects.get(id=i).state for n, i in ids.items()} == {
+        "failed": "failed",
+        "approval": "waiting",
+        "delegated": "waiting",
+    }
+    case = Ledger().quarantine("tasks.stuck")
+    ids["recovering"] = str(Ticket.objects.get(endpoint__address="tasks.stuck").id)
+
+    async def read_all() -> dict[str, dict]:
+        async with connect(live_server.url, alice) as client:
+            return {name: await get_task(client, task_id) for name, task_id in ids.items()}
+
+    tasks = asyncio.run(read_all())
+    failed = tasks["failed"]
+    assert failed["status"] == "failed" and "result" not in failed
+    assert failed["error"]["code"] == -32000
+    assert failed["error"]["data"]["ticket"]["error"] == Ticket.objects.get(id=ids["failed"]).error
+    approval = tasks["approval"]
+    assert (approval["status"], approval["inputRequests"]) == ("input_required", {})
+    assert "owner's approval" in approval["statusMessage"]
+    assert tasks["delegated"]["status"] == "working"
+    assert "delegated" in tasks["delegated"]["statusMessage"]
+    recovering = tasks["recovering"]
+    assert recovering["status"] == "working"
+    assert recovering["_meta"]["io.claimcheck/ticket"] == {"state": "recovering", "case": case}
