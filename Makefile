@@ -35,10 +35,14 @@ help: ## list the targets
 
 install: .venv/.installed ## the virtual environment at .venv/ from the lock file
 
-run: ## install what running needs, start embedded PostgreSQL + Redis, migrate, seed, web + workers + beat
-	@python3 scripts/run.py
+# The agent frameworks `make run` installs (optional dependency groups of
+# pyproject.toml): demo.agent and examples/ need them; `make run EXTRAS=` for none.
+EXTRAS ?= pydantic-ai openai-agents
 
-soak: install ## N minutes (SOAK_MINUTES, default 30) of mixed demo traffic on `make run`, one restart; figures
+run: ## install what running needs, start embedded PostgreSQL + Redis, migrate, seed, web + workers + beat
+	@EXTRAS="$(EXTRAS)" python3 scripts/run.py
+
+soak: install ## N minutes (SOAK_MINUTES, default 30) of mixed demo traffic on a `make run` of its own (var/soak/); figures
 	$(PY) bench/soak.py
 
 services: ## start the machine's PostgreSQL and Redis if they are stopped

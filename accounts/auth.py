@@ -13,8 +13,13 @@ from .keys import user_for_key
 
 class ApiKeyAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str):
-        user = user_for_key(token)
-        if user is not None:
+        # Failed authentications count per client address: an address past
+        # RATE_LIMIT_FAILED_AUTH is 429 before its next key is looked up.
+        address = fairshare.client_address(request)
+        user = user_for_key(token, before_lookup=lambda: fairshare.check_failed_auth(address))
+        if user is None:
+            fairshare.count_failed_auth(address)
+        else:
             request.user = user
             # Its share of the web threads (429 rate_limited over it); the
             # lease is released by FairShareMiddleware when the request answers.

@@ -19,6 +19,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections.abc import Callable
 
 from cachetools import TTLCache
 from django.conf import settings
@@ -27,6 +28,8 @@ from django.db import DEFAULT_DB_ALIAS
 from django.db.models.base import ModelState
 from django.utils import timezone
 
+from core.fairshare import KEY_LIMITS_ATTR, KeyLimits
+
 from .models import ApiKey
 
 
@@ -34,15 +37,37 @@ def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_api_key(*, username: str, name: str = "", staff: bool = False) -> tuple[ApiKey, str]:
-    """Create the user if missing; returns the row and the plain key (shown once)."""
+def create_api_key(
+    *,
+    username: str,
+    name: str = "",
+    staff: bool = False,
+    rate_limit_admissions: str | None = None,
+    rate_limit_concurrent_requests: int | None = None,
+) -> tuple[ApiKey, str]:
+    """Create the user if missing; returns the row and the plain key (shown
+    once). The limits are the key's own fair share (core/fairshare.py; None:
+    the settings'); a spec ``limits`` cannot read is a ValueError."""
+    if rate_limit_admissions:
+        from limits import parse_many
+
+        parse_many(rate_limit_admissions)  # ValueError naming what it could not read
+    if rate_limit_concurrent_requests is not None and rate_limit_concurrent_requests < 0:
+        raise ValueError("rate_limit_concurrent_requests must be 0 (no limit) or more")
     user, _ = get_user_model().objects.get_or_create(username=username)
     if staff and not user.is_staff:
         user.is_staff = True
         user.save(update_fields=["is_staff"])
     prefix = secrets.token_hex(6)
     key = f"cc_{prefix}_{secrets.token_urlsafe(32)}"
-    row = ApiKey.objects.create(user=user, name=name, prefix=prefix, key_hash=_hash(key))
+    row = ApiKey.objects.create(
+        user=user,
+        name=name,
+        prefix=prefix,
+        key_hash=_hash(key),
+        rate_limit_admissions=rate_limit_admissions,
+        rate_limit_concurrent_requests=rate_limit_concurrent_requests,
+    )
     return row, key
 
 
@@ -78,7 +103,7 @@ def _user_fields() -> list[str]:
 class KeyCache:
     """Bounded LRU of verified keys with a time to live (cachetools'
     ``TTLCache``): SHA-256 of the key -> (key id, user id, the user's field
-    values). Thread-safe (gthread workers). Sized and timed by
+    values, the key's own limits or None). Thread-safe (gthread workers). Sized and timed by
     ``API_KEY_CACHE_SIZE`` and ``API_KEY_CACHE_S``, read when a key is put
     (a change of either starts an empty cache)."""
 
@@ -109,9 +134,11 @@ class KeyCache:
         user._state = ModelState()
         user._state.adding = False
         user._state.db = DEFAULT_DB_ALIAS
+        if entry[3] is not None:
+            setattr(user, KEY_LIMITS_ATTR, entry[3])
         return user
 
-    def put(self, digest: str, *, key_id: int, user) -> None:
+    def put(self, digest: str, *, key_id: int, user, limits: KeyLimits | None = None) -> None:
         ttl, size = settings.API_KEY_CACHE_S, settings.API_KEY_CACHE_SIZE
         if ttl <= 0 or size <= 0:
             return
@@ -120,7 +147,7 @@ class KeyCache:
             if self._shape != (ttl, size):
                 self._shape = (ttl, size)
                 self._entries = TTLCache(maxsize=size, ttl=ttl, timer=self._now)
-            self._entries[digest] = (key_id, user.pk, values)
+            self._entries[digest] = (key_id, user.pk, values, limits)
 
     def forget_key(self, digest: str) -> None:
         with self._lock:
@@ -152,7 +179,10 @@ class KeyCache:
 key_cache = KeyCache()
 
 
-def user_for_key(key: str):
+def user_for_key(key: str, *, before_lookup: Callable[[], None] | None = None):
+    """The active user ``key`` belongs to, or None. ``before_lookup`` runs
+    when the key must be looked up (not a verified one in the cache), and
+    may refuse the request by raising (a flood of bad keys)."""
     parts = key.split("_", 2)
     if len(parts) != 3 or parts[0] != "cc":
         return None
@@ -161,6 +191,8 @@ def user_for_key(key: str):
         user = key_cache.get(digest)
         if user is not None:
             return user
+    if before_lookup is not None:
+        before_lookup()
     row = (
         ApiKey.objects.select_related("user")
         .filter(prefix=parts[1], revoked_at__isnull=True)
@@ -170,5 +202,9 @@ def user_for_key(key: str):
         return None
     if not row.user.is_active:
         return None
-    key_cache.put(digest, key_id=row.id, user=row.user)
+    limits = None
+    if row.has_own_limits:
+        limits = KeyLimits(row.id, row.rate_limit_admissions, row.rate_limit_concurrent_requests)
+        setattr(row.user, KEY_LIMITS_ATTR, limits)
+    key_cache.put(digest, key_id=row.id, user=row.user, limits=limits)
     return row.user

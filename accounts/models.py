@@ -16,6 +16,20 @@ class ApiKey(models.Model):
     key_hash = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Fair-share limits of this key's own, set by staff (create_api_key
+    # --rate / --concurrent-requests): a key with either is counted on its
+    # own rather than in its user's shared budget (core/fairshare.py). None:
+    # the setting (RATE_LIMIT_ADMISSIONS, RATE_LIMIT_CONCURRENT_REQUESTS);
+    # "" and 0: no limit.
+    rate_limit_admissions = models.CharField(max_length=200, null=True, blank=True)
+    rate_limit_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.user} {self.prefix}…"
+
+    @property
+    def has_own_limits(self) -> bool:
+        return (
+            self.rate_limit_admissions is not None
+            or self.rate_limit_concurrent_requests is not None
+        )

@@ -2,7 +2,9 @@
 figures (README, "Soak").
 
 It starts `make run`'s supervisor itself (scripts/run.py, on ``SOAK_PORT``,
-default 8020, in this checkout's var/ or ``CLAIMCHECK_VAR_DIR``) and sends,
+default 8020, in a var/ of its own: ``var/soak/`` of this checkout, or
+``SOAK_VAR_DIR``; so a `make run` of the same checkout may run meanwhile,
+and the audit at the end sees the soak's tickets alone) and sends,
 at about ``--per-minute`` tickets a minute: demo.echo (half of them with
 ``wait_s``), demo.sleep, demo.research (children to demo.echo), demo.fail,
 demo.stubborn (an isolated turn stopped by the escalation), tickets to an
@@ -50,6 +52,11 @@ import psycopg  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Before core.embedded is read: every path of the soak's stack (its
+# servers' sockets, the demo key, audit_ledger's database) follows it.
+os.environ["CLAIMCHECK_VAR_DIR"] = str(
+    Path(os.environ.get("SOAK_VAR_DIR") or ROOT / "var" / "soak").resolve()
+)
 
 from core import embedded  # noqa: E402
 

@@ -49,7 +49,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import ValidationError
 
 from core.errors import DomainError, RateLimited, error_body, error_response
-from core.inputs import check_value
+from core.inputs import check_fields
 from core.tools import Tool
 
 log = logging.getLogger(__name__)
@@ -148,9 +148,9 @@ def run_tool(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool
         return error_payload(404, "not_found", f"no tool {name!r}; tools/list names them"), True
     request = _request.get()
     try:
-        # What the API's JSON parser refuses (NUL, a lone surrogate, NaN):
-        # 400 invalid naming the argument.
-        check_value(arguments, path="arguments")
+        # What the API's JSON parser refuses (NUL, a lone surrogate, NaN, an
+        # argument nested past TICKET_MAX_JSON_DEPTH): 400 invalid naming it.
+        check_fields(arguments, path="arguments")
         return tool.run(request, tool.params.model_validate(arguments)), False
     except ValidationError as exc:
         answer = invalid_arguments(exc)

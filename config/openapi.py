@@ -60,9 +60,9 @@ STATUSES: dict[int, tuple[tuple[str, ...], str]] = {
     423: (("endpoint_quarantined",), "The endpoint is quarantined; body has `case`."),
     429: (
         ("circuit_open", "rate_limited"),
-        "`circuit_open`: the trace reached `TRACE_HARD_LIMIT`; `rate_limited`: the caller is over "
-        "one of its fair-share limits (admissions per window, requests in flight): retry after "
-        "`Retry-After` seconds.",
+        "`circuit_open`: the caller's party reached `TRACE_HARD_LIMIT` in the trace; "
+        "`rate_limited`: the caller is over one of its fair-share limits (admissions per "
+        "window, requests in flight): retry after `Retry-After` seconds.",
     ),
     503: (
         ("unavailable",),
@@ -118,6 +118,10 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "GET /tickets/{ticket_id}/events": set(),
     "GET /tickets/{ticket_id}/lineage": set(),
     "POST /tickets/{ticket_id}/cancel": {409},
+    # Both admit a ticket: admission's refusals (a quarantined endpoint, a
+    # busy or paused "reject" one, a full trace).
+    "POST /tickets/{ticket_id}/retry": {409, 423, 429},
+    "POST /endpoints/{address}/approvals/{ticket_id}/{call_id}": {409, 423, 429},
     "POST /tickets/{ticket_id}/approve": {409},
     "POST /tickets/{ticket_id}/delivery/ack": {409},
     "POST /tickets/{ticket_id}/obligation": {409},

@@ -313,6 +313,13 @@ AXES_VERBOSE = False
 # --- Ledger limits -----------------------------------------------------------
 TICKET_MAX_INPUT_BYTES = env.int("TICKET_MAX_INPUT_BYTES", default=65536)
 TICKET_MAX_RESULT_BYTES = env.int("TICKET_MAX_RESULT_BYTES", default=65536)
+# How deep any JSON value that enters may nest (core/inputs.py): a request
+# body's fields, a runner's reply, an agent's output. The worker itself
+# fails to carry a value somewhere past 400 levels (pickling it to a turn's
+# process, dataclasses.asdict, json): the cap keeps that out of reach.
+TICKET_MAX_JSON_DEPTH = env.int("TICKET_MAX_JSON_DEPTH", default=64)
+if not 1 <= TICKET_MAX_JSON_DEPTH <= 128:
+    raise ValueError("TICKET_MAX_JSON_DEPTH must be between 1 and 128")
 TRACE_SOFT_LIMIT = env.int("TRACE_SOFT_LIMIT", default=50)
 TRACE_HARD_LIMIT = env.int("TRACE_HARD_LIMIT", default=200)
 SWEEP_INTERVAL_S = env.float("SWEEP_INTERVAL_S", default=5.0)
@@ -355,15 +362,32 @@ ADMISSION_MAX_WAIT_S = env.float("ADMISSION_MAX_WAIT_S", default=60.0)
 # stay for requests. A tab over the limit polls until a slot frees.
 CONSOLE_LIVE_WAIT_S = env.float("CONSOLE_LIVE_WAIT_S", default=25.0)
 CONSOLE_LIVE_SLOTS = env.int("CONSOLE_LIVE_SLOTS", default=2)
+# The web tier of one host, read from the variables deploy/gunicorn.conf.py
+# reads, with its defaults: processes x threads is how many requests the
+# host runs at once.
+WEB_THREADS = env.int("WEB_CONCURRENCY", default=(os.cpu_count() or 1) * 2 + 1) * env.int(
+    "GUNICORN_THREADS", default=4
+)
 # Fair share per user (core/fairshare.py; docs/api.md "Fair share"): every
-# API key of a user and their console session share these. Admissions per
-# window in `limits` notation ("" for none); requests in flight and wait_s
-# waits across all web processes (0 for no limit). A wait_s also needs one
-# of this process's API_WAIT_SLOTS (0: wait_s never waits); keep
-# API_WAIT_SLOTS + CONSOLE_LIVE_SLOTS below GUNICORN_THREADS.
-RATE_LIMIT_ADMISSIONS = env.str("RATE_LIMIT_ADMISSIONS", default="10/second;300/minute")
-RATE_LIMIT_CONCURRENT_REQUESTS = env.int("RATE_LIMIT_CONCURRENT_REQUESTS", default=8)
+# API key of a user and their console session share these (a key given
+# limits of its own by staff is counted on its own). Admissions per window
+# in `limits` notation ("" for none); requests in flight and wait_s waits
+# across all web processes (0 for no limit). A wait_s also needs one of this
+# process's API_WAIT_SLOTS (0: wait_s never waits); keep API_WAIT_SLOTS +
+# CONSOLE_LIVE_SLOTS below GUNICORN_THREADS.
+# Admissions: a fan-out of 50 children at once or a loader of 16 threads is
+# ordinary use; the window only stops a runaway client.
+RATE_LIMIT_ADMISSIONS = env.str("RATE_LIMIT_ADMISSIONS", default="200/second")
+# Requests in flight: one host's threads. A burst beyond the threads waits
+# in gunicorn's queue rather than being refused; a share below them would
+# refuse a burst a host could serve, while what holds a thread for long
+# (wait_s, the console's watches) has its own limits. With several hosts
+# one caller holds at most one host's worth.
+RATE_LIMIT_CONCURRENT_REQUESTS = env.int("RATE_LIMIT_CONCURRENT_REQUESTS", default=WEB_THREADS)
 RATE_LIMIT_CONCURRENT_WAITS = env.int("RATE_LIMIT_CONCURRENT_WAITS", default=4)
+# Failed API authentications per client address (LOGIN_PROXY_COUNT says how
+# to find it behind proxies); past it, 429 before a key is looked up.
+RATE_LIMIT_FAILED_AUTH = env.str("RATE_LIMIT_FAILED_AUTH", default="10/second;100/minute")
 API_WAIT_SLOTS = env.int("API_WAIT_SLOTS", default=2)
 # The obligations sweep has no need to run as often as the others.
 OBLIGATION_SWEEP_INTERVAL_S = env.float(

@@ -86,6 +86,8 @@ class DecisionForm(forms.Form):
             value = json.loads(raw)
         except ValueError as exc:
             raise forms.ValidationError(f"not JSON: {exc}") from None
+        except RecursionError:  # json's own limit; admission refuses past TICKET_MAX_JSON_DEPTH
+            raise forms.ValidationError("the input is nested too deeply") from None
         if not isinstance(value, dict):
             raise forms.ValidationError("the input must be a JSON object")
         return value
@@ -238,6 +240,8 @@ def retry_changes(post) -> tuple[dict | None, int | None]:
             new_input = json.loads(raw_input)
         except ValueError as exc:
             raise Invalid(f"the input is not JSON: {exc}") from None
+        except RecursionError:  # json's own limit; admission refuses past TICKET_MAX_JSON_DEPTH
+            raise Invalid("the input is nested too deeply") from None
         if not isinstance(new_input, dict):
             raise Invalid("the input must be a JSON object")
     budget = None

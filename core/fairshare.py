@@ -2,7 +2,10 @@
 admissions past what the others need (API.md "Fair share").
 
 The subject is the user: every API key of a user and their console session
-share one budget, so more keys do not buy more share. Three limits:
+share one budget, so more keys do not buy more share. A key staff gave
+limits of its own (``ApiKey.rate_limit_admissions``,
+``rate_limit_concurrent_requests``) is its own subject instead, under its
+limits (the settings' for the one it does not set). Three limits:
 
 - **admissions**: ``RATE_LIMIT_ADMISSIONS`` (``limits`` notation, e.g.
   ``10/second;300/minute``), a moving window counted in Redis by the
@@ -19,6 +22,12 @@ share one budget, so more keys do not buy more share. Three limits:
   answer is the ticket as it stands, at once (the caller polls on). A call
   that is only a wait (MCP's ``wait_for_ticket``) is refused instead: 429
   ``rate_limited``.
+
+Failed authentications are counted per **client address** instead (no
+user is known): ``RATE_LIMIT_FAILED_AUTH``; past it, that address's requests
+with a key not already verified in this process are 429 ``rate_limited``
+before the key is looked up (``accounts.auth.ApiKeyAuth``, the API and
+/mcp). Random bad keys all differ, so only the address can count them.
 
 429s carry ``Retry-After`` and the IETF draft's ``RateLimit-Limit``,
 ``RateLimit-Remaining`` and ``RateLimit-Reset`` (seconds) headers.
@@ -47,6 +56,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from functools import lru_cache
+from typing import NamedTuple
 
 from django.conf import settings
 from limits import RateLimitItem, parse_many
@@ -113,8 +123,40 @@ def _items(spec: str) -> tuple[RateLimitItem, ...]:
     return tuple(parse_many(spec)) if spec.strip() else ()
 
 
+class KeyLimits(NamedTuple):
+    """A key's own limits (None: the setting's; "" and 0: none), put on the
+    user the key authenticated as (``KEY_LIMITS_ATTR``) by accounts/keys.py."""
+
+    key_id: int
+    admissions: str | None
+    concurrent_requests: int | None
+
+
+KEY_LIMITS_ATTR = "_claimcheck_key_limits"
+
+
+def _own(user) -> KeyLimits | None:
+    return getattr(user, KEY_LIMITS_ATTR, None)
+
+
 def subject(user) -> str:
-    return f"user:{user.pk}"
+    own = _own(user)
+    return f"key:{own.key_id}" if own is not None else f"user:{user.pk}"
+
+
+def _admission_limit(user) -> tuple[str, str]:
+    """The admissions spec for ``user`` and where it comes from (for the 429)."""
+    own = _own(user)
+    if own is not None and own.admissions is not None:
+        return own.admissions, "this key's own limit"
+    return settings.RATE_LIMIT_ADMISSIONS, "RATE_LIMIT_ADMISSIONS"
+
+
+def _requests_limit(user) -> tuple[int, str]:
+    own = _own(user)
+    if own is not None and own.concurrent_requests is not None:
+        return own.concurrent_requests, "this key's own limit"
+    return settings.RATE_LIMIT_CONCURRENT_REQUESTS, "RATE_LIMIT_CONCURRENT_REQUESTS"
 
 
 def _redis_usable() -> bool:
@@ -144,8 +186,10 @@ def _fail_open(what: str, exc: BaseException) -> None:
 
 def check_admission(user) -> None:
     """Count one admission of ``user``; 429 ``rate_limited`` when over
-    ``RATE_LIMIT_ADMISSIONS``. Nothing is counted for a refused one."""
-    items = _items(settings.RATE_LIMIT_ADMISSIONS)
+    ``RATE_LIMIT_ADMISSIONS`` (or its key's own). Nothing is counted for a
+    refused one."""
+    spec, source = _admission_limit(user)
+    items = _items(spec)
     if not items or not _redis_usable():
         return
     key = subject(user)
@@ -157,7 +201,7 @@ def check_admission(user) -> None:
             reset_at = limiter.get_window_stats(item, "admissions", key).reset_time
             raise RateLimited(
                 f"over the admission limit of {item.amount} per {item.multiples} "
-                f"{item.GRANULARITY.name} (RATE_LIMIT_ADMISSIONS); retry after the Retry-After "
+                f"{item.GRANULARITY.name} ({source}); retry after the Retry-After "
                 "seconds",
                 limit=item.amount,
                 retry_after=math.ceil(max(1.0, reset_at - time.time())),
@@ -166,6 +210,61 @@ def check_admission(user) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
         _fail_open("an admission", exc)
+
+
+# --- Failed authentications per client address ---------------------------------------------
+
+
+def client_address(request) -> str | None:
+    """The client's address: ``REMOTE_ADDR`` unless the operator says how
+    many proxies stand in front of the app (``LOGIN_PROXY_COUNT``), then the
+    address the outermost of them saw, counted from the right of
+    ``X-Forwarded-For`` (everything to its left is whatever the client sent)."""
+    proxies = settings.LOGIN_PROXY_COUNT
+    if proxies > 0:
+        hops = [h.strip() for h in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+        hops = [h for h in hops if h]
+        if len(hops) >= proxies:
+            return hops[-proxies]
+    return request.META.get("REMOTE_ADDR")
+
+
+def check_failed_auth(address: str | None) -> None:
+    """429 ``rate_limited`` when ``address`` has used up
+    ``RATE_LIMIT_FAILED_AUTH`` (nothing is counted here)."""
+    items = _items(settings.RATE_LIMIT_FAILED_AUTH)
+    if not items or not address or not _redis_usable():
+        return
+    try:
+        limiter = MovingWindowRateLimiter(storage())
+        for item in items:
+            if limiter.test(item, "failed_auth", address):
+                continue
+            reset_at = limiter.get_window_stats(item, "failed_auth", address).reset_time
+            raise RateLimited(
+                f"over {item.amount} failed authentications per {item.multiples} "
+                f"{item.GRANULARITY.name} from this address (RATE_LIMIT_FAILED_AUTH); retry "
+                "after the Retry-After seconds",
+                limit=item.amount,
+                retry_after=math.ceil(max(1.0, reset_at - time.time())),
+            )
+    except RateLimited:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
+        _fail_open("a failed authentication", exc)
+
+
+def count_failed_auth(address: str | None) -> None:
+    """Count one failed authentication from ``address``."""
+    items = _items(settings.RATE_LIMIT_FAILED_AUTH)
+    if not items or not address or not _redis_usable():
+        return
+    try:
+        limiter = MovingWindowRateLimiter(storage())
+        for item in items:
+            limiter.hit(item, "failed_auth", address)
+    except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
+        _fail_open("a failed authentication", exc)
 
 
 # --- Leases: requests and waits in flight ---------------------------------------------------
@@ -232,8 +331,9 @@ REQUEST_LEASE_ATTR = "_claimcheck_fair_request"
 def enter_request(request, user) -> None:
     """Count ``request`` among ``user``'s requests in flight until
     ``leave_request``; 429 ``rate_limited`` when they are at
-    ``RATE_LIMIT_CONCURRENT_REQUESTS``. Idempotent per request."""
-    limit = settings.RATE_LIMIT_CONCURRENT_REQUESTS
+    ``RATE_LIMIT_CONCURRENT_REQUESTS`` (or its key's own). Idempotent per
+    request."""
+    limit, source = _requests_limit(user)
     if limit <= 0 or getattr(request, REQUEST_LEASE_ATTR, None) is not None:
         return
     key = subject(user)
@@ -241,7 +341,7 @@ def enter_request(request, user) -> None:
     if member is None:
         raise RateLimited(
             f"{held} requests of this caller are in flight, its limit "
-            "(RATE_LIMIT_CONCURRENT_REQUESTS); retry when one has answered",
+            f"({source}); retry when one has answered",
             limit=limit,
             retry_after=1,
         )

@@ -16,20 +16,29 @@ secrets, never a value.
   ``delegate_to`` (addresses), ``history_max_messages``,
   ``history_max_bytes``, ``max_rounds``, ``secrets: {ENV_VAR: SECRET_NAME}`` (named secrets
   put into the turn's process environment: a model provider's key),
-  ``side_effect_tools`` (tool names), ``kill_after_s``.
+  ``side_effect_tools`` (tool names), ``kill_after_s``, ``memory``
+  (``per_submitter``, the default: a submitter's turns recall only that
+  submitter's exchanges; ``shared``: every submitter's).
 
-A literal credential is refused where it can be recognised: a header whose
-name says it carries one (``Authorization``, ``Cookie``, ``X-Api-Key``,
-``*token*``...) or whose value starts with an auth scheme (``Bearer ...``),
-a URL with user information (``user:pass@``) or a query parameter named like
-a credential (``api_key=``, ``token=``, ``sig=``...), an argv item
-``--token=...``. Secrets are resolved on the worker when the turn runs
-(``secret_headers``), so the runner dict, the ledger and every screen hold
-names only.
+A literal credential is refused where it can be recognised, by where it
+stands or by its own shape (``literal_credential``): a header whose name says
+it carries one (``Authorization``, ``Cookie``, ``X-Api-Key``, ``*token*``...)
+or whose value starts with an auth scheme (``Bearer ...``) or is a whole
+header line naming one; a URL with user information (``user:pass@``) or a
+query or fragment parameter named like a credential (``api_key=``,
+``token=``, ``#access_token=``, ``code=``...); an argv option named like one
+with its value (``--token=V`` or ``--token V``, and the few programs' short
+password options: ``sshpass -p V``, ``mysql -pV``, ``redis-cli -a V``,
+``curl -u user:pass``); and, in any header value, URL, argv item or cwd, a
+value shaped like a provider's key (``sk-...``, ``AKIA...``, ``ghp_...``,
+``xoxb-...``, a JWT, a private key block...). Secrets are resolved on the
+worker when the turn runs (``secret_headers``), so the runner dict, the
+ledger and every screen hold names only.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -42,6 +51,7 @@ from core.secrets import check_name, secret
 
 KINDS = ("python", "command", "http", "agent")
 ISOLATIONS = ("process", "inline")
+MEMORY_MODES = ("per_submitter", "shared")
 KILL_AFTER_MAX_S = 60.0
 TIMEOUT_MAX_S = 300.0
 MAX_HEADERS = 20
@@ -63,6 +73,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "secrets",
             "side_effect_tools",
             "kill_after_s",
+            "memory",
         }
     ),
 }
@@ -72,7 +83,7 @@ FIELDS: dict[str, frozenset[str]] = {
 # mean anything else match anywhere (``accessToken``, ``X-Amz-Signature``);
 # short ones only as a whole word (``key=``, not ``monkey=``).
 _CREDENTIAL_ANYWHERE = re.compile(
-    r"token|secret|passw|api[_-]?key|signature|credential|cookie|jwt|bearer|authoriz",
+    r"token|secret|passw|api[_-]?key|access[_-]?key|signature|credential|cookie|jwt|bearer|authoriz",
     re.IGNORECASE,
 )
 _CREDENTIAL_WORD = re.compile(
@@ -93,6 +104,93 @@ def names_credential(name: str) -> bool:
 
 
 _AUTH_SCHEME = re.compile(r"^\s*(?:bearer|basic|token|digest|negotiate|apikey)\s", re.IGNORECASE)
+# A URL parameter that is a credential although its name is ordinary: an
+# OAuth authorization code.
+_URL_CREDENTIAL_PARAMS = frozenset({"code"})
+# An option named like a credential that names where one is, not the value.
+_NAMES_A_PLACE = re.compile(r"^no[-_]|[-_](?:file|path|dir|env|var|name|id|type|url|header)$", re.I)
+_ARGV_FLAG = re.compile(r"^--?([A-Za-z][A-Za-z0-9_.-]*)$")
+# Short options that take a password in the programs that have them
+# (elsewhere ``-p`` is a port or a flag: ``ssh -p 22``, ``mkdir -p``).
+_PASSWORD_OPTIONS = {
+    "-p": frozenset(
+        {"sshpass", "mysql", "mysqldump", "mysqladmin", "mysqlimport", "mariadb", "mariadb-dump"}
+    ),
+    "-a": frozenset({"redis-cli", "valkey-cli", "keydb-cli"}),
+}
+_USER_PASSWORD_OPTIONS = {"-u": frozenset({"curl"}), "--user": frozenset({"curl"})}
+_HEADER_LINE = re.compile(r"^\s*([A-Za-z0-9_-]{1,100})\s*:\s*(\S.*)$", re.DOTALL)
+
+# Values whose shape says what they are, wherever they stand: the providers'
+# published key formats, as secret scanners (detect-secrets' plugins, GitHub
+# secret scanning) recognise them. Each names a kind for the refusal, never
+# the value.
+_KEY_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(pattern))
+    for kind, pattern in (
+        ("an OpenAI or Anthropic API key (sk-...)", r"(?<![\w-])sk-[A-Za-z0-9_-]{20,}"),
+        ("a Stripe secret key", r"(?<![A-Za-z0-9])[rs]k_(?:live|test)_[0-9A-Za-z]{16,}"),
+        ("an AWS access key id", r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{16}"),
+        ("a GitHub token", r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_\w{22,})"),
+        ("a GitLab token", r"(?<![A-Za-z0-9])gl(?:pat|dt|ft|rt|cbt|oas)-[A-Za-z0-9_-]{20,}"),
+        ("a Slack token", r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9-]{10,}"),
+        ("a Slack webhook URL", r"hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/\w+"),
+        ("a Google API key", r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35}"),
+        ("a JSON Web Token", r"(?<![A-Za-z0-9])eyJ[\w-]{8,}\.[\w-]{8,}\.[\w-]*"),
+        ("a private key", r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-"),
+        ("a SendGrid API key", r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}"),
+        ("an npm token", r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{36}"),
+        ("a PyPI token", r"pypi-AgE[A-Za-z0-9_-]{50,}"),
+        ("a Hugging Face token", r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{34}"),
+    )
+)
+
+
+def literal_credential(text: str) -> str | None:
+    """What kind of credential ``text`` visibly holds, or None: a key's
+    shape anywhere in it, an auth scheme or a header line naming a
+    credential, a URL with a password or a credential parameter."""
+    for kind, shape in _KEY_SHAPES:
+        if shape.search(text):
+            return kind
+    if _AUTH_SCHEME.match(text):
+        return "an Authorization value (a scheme and its credential)"
+    line = _HEADER_LINE.match(text)
+    if line and (names_credential(line.group(1)) or _AUTH_SCHEME.match(line.group(2))):
+        return f"a header line {line.group(1)[:100]}: with a credential"
+    if "://" in text:
+        return _url_credential(text)
+    return None
+
+
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+
+
+def _url_credential(text: str) -> str | None:
+    for url in _URL_IN_TEXT.findall(text):
+        try:
+            parts = urlsplit(url)
+            password = parts.password
+        except ValueError:
+            continue
+        if password:
+            return "a URL with user information (user:password@)"
+        name = _credential_param(parts)
+        if name:
+            return f"a URL with a credential parameter ({name}=)"
+    return None
+
+
+def _credential_param(parts: Any) -> str | None:
+    """The first query or fragment parameter of a split URL named like a
+    credential (a fragment is never sent, but it is stored all the same)."""
+    for params in (parts.query, parts.fragment):
+        for name, _ in parse_qsl(params, keep_blank_values=True):
+            if names_credential(name) or name.lower() in _URL_CREDENTIAL_PARAMS:
+                return name[:100]
+    return None
+
+
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
 # Headers the runner sets itself: a runner may not replace them.
 _RESERVED_HEADERS = frozenset(
@@ -140,13 +238,23 @@ def _check_url(key: str, url: Any, *, required: bool) -> None:
             f"http runner {key} carries user information (user:password@): "
             'send credentials as a named secret ("auth": {"secret": NAME})'
         )
-    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
-        if names_credential(name):
-            raise Invalid(
-                f"http runner {key} has a credential in its query string ({name}=): "
-                "send it in a header that names a secret "
-                '("headers": {"X-Api-Key": {"secret": NAME}})'
-            )
+    name = _credential_param(parts)
+    if name:
+        raise Invalid(
+            f"http runner {key} has a credential in its query string or fragment ({name}=): "
+            "send it in a header that names a secret "
+            '("headers": {"X-Api-Key": {"secret": NAME}})'
+        )
+    _refuse_literal(f"http runner {key}", url)
+
+
+def _refuse_literal(where: str, text: str) -> None:
+    kind = literal_credential(text)
+    if kind:
+        raise Invalid(
+            f'{where} holds what looks like {kind}: name a secret instead ({{"secret": NAME}}, '
+            "resolved on the worker host)"
+        )
 
 
 def _check_headers(headers: Any, *, with_auth: bool) -> None:
@@ -176,18 +284,47 @@ def _check_headers(headers: Any, *, with_auth: bool) -> None:
                 f'{where} looks like a credential: name a secret instead ({{"secret": NAME}}, '
                 "resolved on the worker host)"
             )
+        _refuse_literal(where, value)
 
 
 def _check_argv(argv: Any) -> None:
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise Invalid("a command runner needs argv: a non-empty list of strings")
+    program = os.path.basename(argv[0])
     for i, item in enumerate(argv):
         option = _ARGV_OPTION.match(item)
-        if option and names_credential(option.group(1)):
+        if option and _option_takes_credential(option.group(1)):
             raise Invalid(
                 f"command runner argv[{i}] passes a credential ({option.group(1)}=) "
                 "on the command line: commands get no literal credentials"
             )
+        if i and _takes_credential(program, argv[i - 1], item):
+            raise Invalid(
+                f"command runner argv[{i}] is the value of {argv[i - 1]}, a credential "
+                "on the command line: commands get no literal credentials "
+                '(pass one through env: {"NAME": {"secret": SECRET_NAME}})'
+            )
+        for short, programs in _PASSWORD_OPTIONS.items():
+            if program in programs and item.startswith(short) and len(item) > len(short):
+                raise Invalid(f"command runner argv[{i}] passes a password to {program}")
+        _refuse_literal(f"command runner argv[{i}]", item)
+
+
+def _option_takes_credential(name: str) -> bool:
+    return names_credential(name) and not _NAMES_A_PLACE.search(name)
+
+
+def _takes_credential(program: str, previous: str, item: str) -> bool:
+    """Whether ``item``, following ``previous``, is a credential's value:
+    ``--token V``, ``--api-key V``, or a program's own password option."""
+    if item.startswith("-"):
+        return False
+    flag = _ARGV_FLAG.match(previous)
+    if flag and _option_takes_credential(flag.group(1)):
+        return True
+    if program in _USER_PASSWORD_OPTIONS.get(previous, ()):
+        return ":" in item  # user:password; a user alone makes curl prompt
+    return program in _PASSWORD_OPTIONS.get(previous, ())
 
 
 def _str_list(value: Any) -> bool:
@@ -208,6 +345,8 @@ def _check_agent(runner: dict[str, Any]) -> None:
         value = runner.get(name)
         if name in runner and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise Invalid(f"{name} must be a positive integer")
+    if "memory" in runner and runner["memory"] not in MEMORY_MODES:
+        raise Invalid(f"an agent runner's memory must be one of {', '.join(MEMORY_MODES)}")
     if "secrets" in runner:
         named = runner["secrets"]
         if not isinstance(named, dict):
@@ -252,6 +391,8 @@ def check(runner: Any) -> None:
         _check_argv(runner.get("argv"))
         if "cwd" in runner and not (isinstance(runner["cwd"], str) and runner["cwd"]):
             raise Invalid("a command runner's cwd must be a directory path")
+        if "cwd" in runner:
+            _refuse_literal("command runner cwd", runner["cwd"])
         _check_command_env(runner.get("env"))
     elif kind == "agent":
         _check_agent(runner)
@@ -346,6 +487,13 @@ def named_secrets(runner: dict[str, Any]) -> list[str]:
         return []
     named = runner.get("secrets") or {}
     return [str(v) for v in named.values()] if isinstance(named, dict) else []
+
+
+def memory_mode(runner: dict[str, Any]) -> str | None:
+    """An agent runner's memory (``MEMORY_MODES``); None for other kinds."""
+    if not isinstance(runner, dict) or runner.get("kind") != "agent":
+        return None
+    return runner.get("memory") or MEMORY_MODES[0]
 
 
 def runs_isolated(runner: dict[str, Any]) -> bool:

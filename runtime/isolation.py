@@ -48,12 +48,20 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from endpoints import runner_spec
 
 from . import registry, runas
-from .runners import Outcome, RunnerError, TurnContext
+from .runners import (
+    Outcome,
+    RunnerError,
+    TurnContext,
+    carried_history,
+    runtime_error,
+    storable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -425,6 +433,12 @@ def _child_turn(
     token = logs._context.set(dict(log_context))
     try:
         outcome = run(ctx)
+        # Checked here, before the pipe: what the ledger cannot store (too
+        # deep to pickle, among others) comes back as the turn's failure.
+        try:
+            outcome = storable(outcome)
+        except Exception as exc:
+            outcome = runtime_error(exc, "checking the runner's outcome")
     finally:
         logs._context.reset(token)
         if named is not None:
@@ -553,14 +567,14 @@ def run_isolated(ctx: TurnContext, run, *, kill_after_s: float) -> Outcome:
     fields = {f: getattr(ctx, f) for f in _CONTEXT_FIELDS}
     named = _named_secrets(ctx.runner) if child.user is not None else None
     message = ("turn", fields, logs.current(), run, named)
-    child.interrupt.clear()
     try:
-        child.conn.send(message)
-    except OSError:  # it died after the check: a fresh one
-        log.warning("warm turn process %s is gone; a new one runs the turn", child.pid)
-        _retire(child)
-        child = _spawn(child.user)
-        child.conn.send(message)
+        child = _hand_over(child, message)
+    except Exception as exc:
+        # Nothing of the turn runs (a message that cannot be pickled is not
+        # sent at all; a child that got part of one is told to exit): the
+        # turn fails, the endpoint serves on.
+        log.exception("turn %s could not be handed to its process", ctx.turn_id)
+        return runtime_error(exc, "handing the turn to its process")
     turn = IsolatedTurn(
         pid=child.pid,
         turn_id=str(ctx.turn_id),
@@ -585,6 +599,30 @@ def run_isolated(ctx: TurnContext, run, *, kill_after_s: float) -> Outcome:
         else:
             with contextlib.suppress(OSError):
                 child.conn.close()
+
+
+def _hand_over(child: WarmChild, message: tuple) -> WarmChild:
+    """Send the turn to ``child``, this slot's warm child (a fresh one, as
+    the same user, when it died after the check); the child it went to. On
+    an error no child runs it: the one that may have got part of the
+    message is retired."""
+    child.interrupt.clear()
+    try:
+        child.conn.send(message)
+    except OSError:  # it died after the check: a fresh one
+        log.warning("warm turn process %s is gone; a new one runs the turn", child.pid)
+        _retire(child)
+        child = _spawn(child.user)
+        child.interrupt.clear()
+        try:
+            child.conn.send(message)
+        except BaseException:
+            _retire(child)
+            raise
+    except BaseException:
+        _retire(child)
+        raise
+    return child
 
 
 def _outcome_left_in(conn: Connection) -> Outcome | None:
@@ -629,6 +667,25 @@ def _answer(ctx: TurnContext, verb: str, args: tuple) -> Any:
     raise ValueError(f"unknown request {verb!r} from a turn's process")
 
 
+def _send_answer(conn: Connection, ctx: TurnContext, verb: str, reply: Any) -> None:
+    """An answer to the child; one that cannot be pickled (a history row
+    nested past what pickle carries, written before the depth bound) is
+    sent without what it cannot carry (history), else as a failed answer:
+    nothing of it was written, and the child must not wait for it."""
+    try:
+        conn.send(reply)
+        return
+    except OSError:
+        raise
+    except Exception:
+        log.exception("turn %s: the answer to %s cannot be sent to its process", ctx.turn_id, verb)
+    if verb == "history":
+        with contextlib.suppress(OSError, ValueError, TypeError, RecursionError):
+            conn.send(carried_history(reply, ForkingPickler.dumps))
+            return
+    conn.send(_FAILED_ANSWER.get(verb, ctx._interrupt.is_set()))
+
+
 def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
     outcome: Outcome | None = None
     while True:
@@ -653,7 +710,7 @@ def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
                         log.exception("turn %s: answering %s failed", ctx.turn_id, verb)
                         reply = _FAILED_ANSWER.get(verb, ctx._interrupt.is_set())
                     with contextlib.suppress(OSError, BrokenPipeError):
-                        turn.conn.send(reply)
+                        _send_answer(turn.conn, ctx, verb, reply)
         if turn.reap():
             # The child may have sent its outcome and exited between the poll
             # above and this reap: what it sent is still in the pipe.

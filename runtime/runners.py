@@ -27,8 +27,10 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+from django.conf import settings
 
-from core import outbound, tracing
+from core import inputs, outbound, tracing
+from core.canonical import canonical_json
 from core.errors import Invalid
 from core.secrets import SecretMissing
 from endpoints import runner_spec
@@ -115,6 +117,95 @@ class RunnerError(Exception):
     """A runner could not produce an outcome; the message says why."""
 
 
+# --- What the ledger can store --------------------------------------------------------
+
+
+def _values(outcome: Outcome):
+    """(field, value) of every part of ``outcome`` the ledger stores."""
+    yield "result", outcome.result
+    yield "error", outcome.error
+    yield "artifacts", outcome.artifacts
+    resume_wait = outcome.resume.wait if outcome.resume is not None else None
+    for name, wait in (("wait", outcome.wait), ("resume.wait", resume_wait)):
+        if wait is not None:
+            yield f"{name}.continuation", wait.continuation
+            for i, child in enumerate(wait.children):
+                yield f"{name}.children.{i}.input", child.input
+    if outcome.resume is not None:
+        yield "resume.result", outcome.resume.result
+        yield "resume.error", outcome.resume.error
+        yield "resume.own_result", outcome.resume.own_result
+
+
+def unstorable(outcome: Outcome) -> str | None:
+    """What in a runner's outcome the ledger cannot store, in words that name
+    the place and never the value, or None: text PostgreSQL refuses (a NUL,
+    a lone surrogate), a number JSON cannot hold, a value that is not JSON,
+    or nesting past ``TICKET_MAX_JSON_DEPTH`` (core/inputs.py: the bound every
+    value that enters has, so the worker can always carry and finish it)."""
+    if outcome.kind not in ("success", "failure", "wait"):
+        return None  # the runtime's own: stop evidence, deferred, unproven
+    depth = inputs.max_depth()
+    try:
+        for name, value in _values(outcome):
+            inputs.check_value(value, path=name, depth=depth)
+    except inputs.Unstorable as exc:
+        return exc.detail
+    if outcome.error is not None:
+        # A result over its cap becomes an artifact; an error stays on the row.
+        size = len(canonical_json(outcome.error, default=str))
+        if size > settings.TICKET_MAX_RESULT_BYTES:
+            return f"error is {size} bytes, over TICKET_MAX_RESULT_BYTES"
+    return None
+
+
+def storable(outcome: Outcome, source: str = "the runner") -> Outcome:
+    """``outcome``, or when the ledger cannot store it the turn's failure
+    ``unstorable_result`` saying what was wrong (never the value): a reply
+    the ledger cannot store fails its ticket, never the finish."""
+    problem = unstorable(outcome)
+    if problem is None:
+        return outcome
+    log.warning("%s returned what the ledger cannot store: %s", source, problem)
+    return storable_failure(f"from {source}: {problem}")
+
+
+def storable_failure(detail: str) -> Outcome:
+    return Outcome.failure({"code": "unstorable_result", "detail": detail[:2000]})
+
+
+def runtime_error(exc: BaseException, doing: str) -> Outcome:
+    """The turn's failure when the worker's own code failed while ``doing``
+    (preparing the turn, handing it to its process, finishing it) and no
+    runner is running: the exception's class, never its text (which may
+    carry a value); the traceback is in the worker's log."""
+    return Outcome.failure(
+        {"code": "runtime_error", "detail": f"{type(exc).__name__} in the worker while {doing}"}
+    )
+
+
+def carried_history(
+    rows: list[dict[str, Any]], encode: Callable[[Any], Any]
+) -> list[dict[str, Any]]:
+    """History rows with each input or result ``encode`` cannot carry (a row
+    written before the depth bound, too deep to pickle or to write as JSON)
+    replaced by a note: one such row must not fail every later turn of its
+    endpoint. Called only after encoding the whole history failed."""
+    carried = []
+    for row in rows:
+        try:
+            encode(row)
+        except Exception:
+            row = dict(row)
+            for key in ("input", "result"):
+                try:
+                    encode(row[key])
+                except Exception:
+                    row[key] = {"unavailable": "nested too deeply to hand to a runner"}
+        carried.append(row)
+    return carried
+
+
 # --- What a runner gets --------------------------------------------------------------
 
 
@@ -134,6 +225,9 @@ class TurnContext:
     # The credential of this turn for the turn API (/api/v1/turns/{id}/...):
     # in the envelope, never in a repr, a log line or the ledger.
     token: str = field(default="", repr=False)
+    # Who submitted the ticket (a user's id; None: the runtime admitted it):
+    # whose memory a per-submitter agent recalls (runtime/agents/memory.py).
+    submitter: int | None = None
     # The endpoint's recent context entries, read when the runner first asks
     # (``history``): a turn that never looks costs no query for them.
     _history_rows: list[dict[str, Any]] | None = field(default=None, repr=False)
@@ -336,6 +430,22 @@ def _run_command(ctx: TurnContext) -> Outcome:
     return _without_secrets(_command_outcome(ctx, argv, env, kill_after, user), resolved)
 
 
+def _encoded_envelope(ctx: TurnContext) -> bytes | Outcome:
+    """The envelope as JSON, or the turn's ``runtime_error`` when the worker
+    cannot write it (the history again without what it cannot carry first)."""
+    try:
+        try:
+            return json.dumps(ctx.envelope()).encode()
+        except (RecursionError, ValueError, TypeError):
+            ctx._history_rows = carried_history(ctx.history, json.dumps)
+            return json.dumps(ctx.envelope()).encode()
+    except RunnerError:
+        raise
+    except Exception as exc:
+        log.exception("turn %s: its envelope could not be encoded", ctx.turn_id)
+        return runtime_error(exc, "encoding the runner's envelope")
+
+
 def _command_outcome(
     ctx: TurnContext,
     argv: list,
@@ -344,6 +454,10 @@ def _command_outcome(
     user: runas.RunAs | None = None,
 ) -> Outcome:
     """The command's run, as ``_run_command`` says; its secrets not yet redacted."""
+    # Encoded before the process starts: a failure here leaves nothing running.
+    envelope = _encoded_envelope(ctx)
+    if isinstance(envelope, Outcome):
+        return envelope
     started, env = runas.command(user, argv, env)
     try:
         proc = subprocess.Popen(  # noqa: S603 - argv comes from staff-managed config
@@ -372,7 +486,7 @@ def _command_outcome(
     for r in readers:
         r.start()
     try:
-        proc.stdin.write(json.dumps(ctx.envelope()).encode())
+        proc.stdin.write(envelope)
         proc.stdin.close()
     except BrokenPipeError:
         pass
@@ -417,7 +531,9 @@ def _command_outcome(
             {"code": "command_failed", "detail": f"exit status {code}", "stderr": stderr}
         )
     try:
-        body = json.loads(stdout)
+        body = inputs.loads_reply(stdout)
+    except RecursionError:  # json's own limit, far past the bound
+        return storable_failure("the command printed JSON nested too deeply to read")
     except ValueError:
         return Outcome.failure(
             {
@@ -439,6 +555,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 def _from_reply(body: Any, source: str) -> Outcome:
+    """The outcome a command's stdout or an http agent's 200 reply says,
+    checked before anything else walks it (the secrets' redaction, the
+    token's, the finish): what the ledger cannot store fails the turn
+    ``unstorable_result``."""
+    return storable(_reply_outcome(body, source), f"the {source}")
+
+
+def _reply_outcome(body: Any, source: str) -> Outcome:
     if not isinstance(body, dict):
         return Outcome.failure({"code": "bad_output", "detail": f"{source} reply is not an object"})
     if "error" in body and body["error"] is not None:
@@ -505,14 +629,19 @@ def _post_to_agent(ctx: TurnContext, configured: dict[str, str]) -> Outcome:
         return Outcome.failure(
             {"code": "agent_url_refused", "detail": f"not sent to {url!r}: {exc.detail}"}
         )
+    # Encoded before anything is sent: a failure here leaves nothing running.
+    envelope = _encoded_envelope(ctx)
+    if isinstance(envelope, Outcome):
+        return envelope
     try:
         resp = outbound.post_pinned(
             url=url,
             target=target,
-            json=ctx.envelope(),
+            body=envelope,
             # The turn's own credential: the agent answers (and heartbeats)
             # through the turn API with it, and can tell this call is ours.
             headers={
+                "Content-Type": "application/json",
                 "Authorization": f"Bearer {ctx.token}",
                 **configured,
                 **tracing.outgoing_headers(),
@@ -528,7 +657,9 @@ def _post_to_agent(ctx: TurnContext, configured: dict[str, str]) -> Outcome:
             {"code": "agent_error", "detail": f"agent answered {resp.status_code}"}
         )
     try:
-        body = resp.json()
+        body = inputs.loads_reply(resp.content)
+    except RecursionError:  # json's own limit, far past the bound
+        return storable_failure("the agent replied JSON nested too deeply to read")
     except ValueError:
         return Outcome.failure({"code": "bad_output", "detail": "agent reply is not JSON"})
     return _from_reply(body, "agent")

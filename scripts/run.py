@@ -8,10 +8,12 @@ virtual environment exists, and installs it (step 1).
 
 Steps, each printed with its time:
 
-1. install: ``uv sync`` without the dev and test groups (with the
-   ``pydantic-ai`` extra, for ``demo.agent``), into ``.venv/``,
-   when pyproject.toml or uv.lock is newer than ``.venv/.run-installed``
-   (``make install``'s marker, for the test tools, is another file).
+1. install: ``uv sync`` without the dev and test groups, with the Python
+   client (group ``client``) and the agent frameworks in ``EXTRAS``
+   (default ``pydantic-ai openai-agents``: ``demo.agent`` and examples/),
+   into ``.venv/``, when pyproject.toml or uv.lock is newer than
+   ``.venv/.run-installed`` or the extras changed (``make install``'s
+   marker, for the test tools, is another file).
 2. servers: the PostgreSQL cluster (``var/pgdata``) and the Redis server
    (``var/redis``) from their wheels, on unix sockets in
    core/embedded.py's socket directory; ready when ``pg_isready`` and a
@@ -86,6 +88,9 @@ PY = VENV / "bin" / "python"
 CELERY = VENV / "bin" / "celery"
 RUN_MARKER = VENV / ".run-installed"
 
+EXTRAS = os.environ.get("EXTRAS", "pydantic-ai openai-agents").split()
+# The agent runner's framework name for each extra (runtime/agents/).
+FRAMEWORKS = {"pydantic-ai": "pydantic_ai", "openai-agents": "openai_agents"}
 STOP_WAIT_S = float(os.environ.get("RUN_STOP_WAIT_S", "10"))
 SERVER_STOP_WAIT_S = 4.0
 MAX_RESTARTS = int(os.environ.get("RUN_MAX_RESTARTS", "5"))
@@ -120,7 +125,12 @@ def exit_reason(code: int) -> str:
 
 def install() -> str:
     inputs = [ROOT / "pyproject.toml", ROOT / "uv.lock"]
-    if RUN_MARKER.exists() and all(p.stat().st_mtime <= RUN_MARKER.stat().st_mtime for p in inputs):
+    wanted = " ".join(sorted(EXTRAS))
+    if (
+        RUN_MARKER.exists()
+        and RUN_MARKER.read_text().strip() == wanted
+        and all(p.stat().st_mtime <= RUN_MARKER.stat().st_mtime for p in inputs)
+    ):
         return "up to date"
     uv = shutil.which("uv")
     if uv is None:
@@ -132,15 +142,16 @@ def install() -> str:
     # virtual environment that has them keeps them. Bytecode now, once:
     # where PYTHONDONTWRITEBYTECODE is set, every process would otherwise
     # compile Django and Celery from source again at each start.
+    extras = [arg for extra in EXTRAS for arg in ("--extra", extra)]
     done = subprocess.run(
-        [uv, "sync", "--frozen", "--python", "python3", "--no-dev", "--inexact",
-         "--extra", "pydantic-ai", "--compile-bytecode", "--quiet"],
+        [uv, "sync", "--frozen", "--python", "python3", "--no-dev", "--group", "client",
+         "--inexact", *extras, "--compile-bytecode", "--quiet"],
         cwd=ROOT,
     )  # fmt: skip
     if done.returncode:
         raise Failed(f"uv sync failed ({exit_reason(done.returncode)})")
-    RUN_MARKER.touch()
-    return "synced"
+    RUN_MARKER.write_text(wanted + "\n")
+    return f"synced, extras: {wanted or 'none'}"
 
 
 # --- step 2: the embedded servers --------------------------------------------
@@ -462,11 +473,14 @@ def apps(port: int) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def _pump(name: str, stream) -> None:
-    """Prefix each line a child writes, as honcho did."""
+def _pump(name: str, stream, on_line=None) -> None:
+    """Prefix each line a child writes, as honcho did; ``on_line`` sees
+    each line after it is printed."""
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
         print(f"{time.strftime('%H:%M:%S')} {name:<7}| {line}", flush=True)
+        if on_line is not None:
+            on_line(line)
     stream.close()
 
 
@@ -479,6 +493,7 @@ class App:
     restart_at: float | None = None
 
     gated: bool = False
+    on_line: object = None  # (line) -> None, for each line it writes
 
     def start(self, env: dict) -> None:
         """Start it; a gated process (scripts/run_web.py) waits for
@@ -493,7 +508,9 @@ class App:
             start_new_session=True,
             preexec_fn=_preexec(signal.SIGTERM),
         )
-        threading.Thread(target=_pump, args=(self.name, self.proc.stdout), daemon=True).start()
+        threading.Thread(
+            target=_pump, args=(self.name, self.proc.stdout, self.on_line), daemon=True
+        ).start()
 
     def release(self) -> None:
         if self.gated and self.proc.stdin is not None:
@@ -515,6 +532,9 @@ class Supervisor:
         self.stop_reason = ""
         self.exit_code = 0
         self._prepare: subprocess.Popen | None = None
+        self.demo_key = ""
+        self.login = ""
+        self._announced = threading.Event()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -550,14 +570,29 @@ class Supervisor:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["PORT"] = str(self.port)
-        # demo.agent runs on Pydantic AI: imported once in the worker's main
-        # process, not in every pool process's first turn (runtime/worker.py).
-        env.setdefault("AGENT_PRELOAD", "pydantic_ai")
+        # The installed frameworks (demo.agent, examples/) are imported once
+        # in the worker's main process, not in every pool process's first
+        # turn (runtime/worker.py): 15 s a turn for the Agents SDK here.
+        env.setdefault("AGENT_PRELOAD", ",".join(FRAMEWORKS[e] for e in EXTRAS if e in FRAMEWORKS))
+        # The examples' agents (examples/, seeded by seed_demo) run on these
+        # workers: their allow-list takes them.
+        env.setdefault("RUNNER_PYTHON_ALLOWED_PREFIXES", "runtime.demo.,examples.")
+        # The web tier (scripts/run_web.py, gunicorn): a laptop's share, not
+        # deploy/gunicorn.conf.py's 2 x cores + 1; the fair-share default
+        # (RATE_LIMIT_CONCURRENT_REQUESTS) is read from the same variables.
+        env.setdefault("WEB_CONCURRENCY", "2")
+        env.setdefault("GUNICORN_THREADS", "8")
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if metrics:
             # One metrics directory for web and workers (docs/operations.md),
             # emptied before they start; migrate and seed_demo count nothing.
             env["PROMETHEUS_MULTIPROC_DIR"] = str(self.var / "metrics")
+        return env
+
+    def app_env(self, name: str) -> dict:
+        env = self.env()
+        if name == "control":
+            env["AGENT_PRELOAD"] = ""  # it runs no turns: no framework to warm
         return env
 
     def start_servers(self) -> str:
@@ -622,8 +657,12 @@ class Supervisor:
                 print(line, flush=True)
             else:
                 output.append(line)
-                if line.startswith(("console: ", "API key: ")):
+                if line.startswith(("console: ", "API key: ", "examples for ")):
                     say(line)
+                if line.startswith("console: "):
+                    self.login = line
+                elif line.startswith("API key: "):
+                    self.demo_key = line.removeprefix("API key: ").strip()
         proc.stdout.close()
         if proc.wait():
             tail = "\n".join(output[-30:])
@@ -642,16 +681,37 @@ class Supervisor:
                 ) from None
 
     def start_apps(self) -> str:
-        env = self.env()
         for name, argv in apps(self.port).items():
             if name == "web":
                 continue  # preloaded
-            app = App(name, argv)
-            app.start(env)
+            app = App(name, argv, on_line=self._worker_line if name == "worker" else None)
+            app.start(self.app_env(name))
             self.apps.append(app)
         for app in self.apps:
             app.release()
         return ", ".join(f"{a.name} pid {a.proc.pid}" for a in self.apps)
+
+    def _worker_line(self, line: str) -> None:
+        """The turns worker's "ready." line: the first request will be
+        served now, so it is time to show it (once)."""
+        if " ready." in line and not self._announced.is_set():
+            self._announced.set()
+            self.first_request()
+
+    def first_request(self) -> None:
+        """The README's first request, ready to paste (the demo key is this
+        checkout's own, in var/demo_api_key)."""
+        if not self.demo_key:
+            return
+        say(f'{self.login}; the first request (README, "Two commands"):')
+        print(
+            f"  curl -s -X POST http://127.0.0.1:{self.port}/api/v1/tickets \\\n"
+            f"    -H 'Authorization: Bearer {self.demo_key}' "
+            "-H 'Content-Type: application/json' \\\n"
+            """    -d '{"endpoint": "demo.echo", "input": {"hello": "world"}, """
+            """"dedupe_key": "first", "wait_s": 5}'""",
+            flush=True,
+        )
 
     # running ------------------------------------------------------------
     def _children(self):
@@ -720,7 +780,7 @@ class Supervisor:
                 child.restart_at = None
                 return  # its next exit is counted by the loop
         else:
-            child.start(self.env())
+            child.start(self.app_env(name))
             child.release()
         say(f"{name} restarted (pid {child.proc.pid})")
 
@@ -807,7 +867,10 @@ def main() -> int:
         sup.step("servers", sup.start_servers)
         sup.prepare()
         sup.step("start", sup.start_apps)
-        say(f"up in {time.monotonic() - total:.1f} s")
+        say(
+            f"up in {time.monotonic() - total:.1f} s; the first request follows "
+            "when the turns worker is ready"
+        )
         sup.supervise()
     except Failed as exc:
         say(f"failed: {exc}")

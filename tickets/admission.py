@@ -23,7 +23,7 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import connection
 from django.utils import timezone
 
-from core import observe
+from core import inputs, observe
 from core.canonical import canonical_json
 from core.dispatch import DISPATCH_CHANNEL
 from core.errors import (
@@ -120,8 +120,9 @@ def admit_ticket(
        to ask ``may_submit`` first; look up ``(endpoint, dedupe_key)`` in any
        state (same input -> duplicate, different -> 409); join the parent's
        trace; fail closed on quarantine; apply the busy policy and the
-       circuit breaker (the trace row locked, refused past the hard limit
-       before anything is written, flagged past the soft one); insert ticket,
+       circuit breaker (the trace row locked; counted per party, the
+       submitter or its ancestors'; refused past the hard limit before
+       anything is written, flagged past the soft one); insert ticket,
        event and trace count. The unique constraint decides a race: the
        loser waits for the winner's commit and returns its row.
     3. No broker publish: the ticket is marked ``needs_dispatch`` and the
@@ -130,6 +131,11 @@ def admit_ticket(
     """
     if not isinstance(input, dict):
         raise Invalid("input must be a JSON object")
+    # The one bound on every value (core/inputs.py), for callers that are
+    # not the API's parser (a runner's children, the console, commands):
+    # what is admitted is what every runner can be handed.
+    bound = inputs.max_depth()
+    inputs.check_value(input, path="input", depth=bound)
     body = canonical_json(input)
     if len(body) > settings.TICKET_MAX_INPUT_BYTES:
         raise TooLarge(
@@ -139,8 +145,10 @@ def admit_ticket(
     dedupe_key = validate_dedupe_key(dedupe_key)
     validate_trace_id(trace_id)
     requester = requester or {}
+    inputs.check_value(requester.get("metadata"), path="requester.metadata", depth=bound)
     if len(canonical_json(requester)) > settings.TICKET_MAX_INPUT_BYTES:
         raise TooLarge("requester metadata is over the input cap")
+    inputs.check_value(continuation, path="return_to.continuation", depth=bound)
     sha = hashlib.sha256(body).hexdigest()
     if submitter is not None:
         submitted_by_id = submitter.id
@@ -323,7 +331,8 @@ def _refusal(status: str, row: tuple, *, parent_id: uuid.UUID | None) -> Excepti
         return EndpointBusy(f"endpoint {address} is running a turn and rejects new work")
     if status == "circuit_open":
         return CircuitOpen(
-            f"trace {row[5]} holds {settings.TRACE_HARD_LIMIT} tickets, its hard limit",
+            f"trace {row[5]} holds {settings.TRACE_HARD_LIMIT} tickets of this party "
+            "(the submitter whose tickets they are or descend from), its hard limit",
             trace_id=row[5],
             limit=settings.TRACE_HARD_LIMIT,
         )

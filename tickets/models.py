@@ -390,10 +390,13 @@ class TicketEvent(models.Model):
 
 
 class Trace(models.Model):
-    """Counts the tickets of a trace for the circuit breaker."""
+    """Counts the tickets of a trace for the circuit breaker: all of them
+    (``tickets``), and per party (``parties``: ``{submitter id or "-": n}``),
+    which the hard limit applies to (tickets/sql/claimcheck_admit.sql)."""
 
     id = models.CharField(max_length=64, primary_key=True)
     tickets = models.PositiveIntegerField(default=0)
+    parties = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()))
     max_depth = models.PositiveIntegerField(default=0)
     flagged = models.BooleanField(default=False)
     created_at = models.DateTimeField()

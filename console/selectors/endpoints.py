@@ -14,7 +14,7 @@ from django.db.models import Count
 from django.http import Http404
 
 from core.errors import NotFound
-from endpoints import generation_selectors, proposals
+from endpoints import generation_selectors, proposals, runner_spec
 from endpoints.models import Endpoint, EndpointAlias
 from endpoints.selectors import is_owner, pause_events, sees_configuration
 from recovery.models import CaseState, RecoveryCase
@@ -59,6 +59,9 @@ def endpoint_page(endpoint: Endpoint, *, user, span: str | None) -> dict[str, An
         "throughput": last_hour(user=user, span=span, endpoint=endpoint),
         "cases": endpoint_cases(endpoint, user=user),
         "live_token": live_token,
+        # Everyone who may submit needs to know whether the agent keeps what
+        # they tell it to themselves (runtime/agents/memory.py).
+        "memory": runner_spec.memory_mode(endpoint.runner),
         **(agent(endpoint) if owner else {}),
     }
 

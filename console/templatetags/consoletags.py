@@ -106,6 +106,16 @@ def compact_json(value: Any) -> str:
 
 
 @register.filter
+def change_value(value: Any) -> str:
+    """A value in a diff of generations: a whole float as the integer it
+    is (a budget stored as 20 and proposed as 12.0 reads "20 -> 12"), the
+    rest as ``compact_json``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return compact_json(value)
+
+
+@register.filter
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 

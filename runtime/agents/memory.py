@@ -21,7 +21,13 @@ carries the exchange (the ticket that started it) and whether it is
 3. an exchange whose first turn (its own ticket's) is older than the
    entries a turn loads (``AGENT_HISTORY_MAX_ENTRIES``) is not whole: an
    earlier one is left out, the resumed one is an error (``agent_memory``);
-4. the cap: the newest whole exchanges while the running total stays within
+4. whose they are: with the runner's ``memory`` ``per_submitter`` (the
+   default) only the exchanges of the submitter whose exchange this turn
+   runs (the submitter of its ticket, or of the exchange it resumes; an
+   exchange is the submitter of its own ticket, its resumes included), so
+   one submitter's words never reach another's conversation; ``shared``:
+   every exchange;
+5. the cap: the newest whole exchanges while the running total stays within
    ``AGENT_HISTORY_MAX_MESSAGES`` messages and ``AGENT_HISTORY_MAX_BYTES``
    bytes (the runner's ``history_max_messages`` / ``history_max_bytes`` may
    lower them); older exchanges are dropped whole, never cut. The resumed
@@ -118,6 +124,8 @@ class Exchange:
     last_seq: int
     # Its first turn (the exchange's own ticket's) is among the entries read.
     whole: bool = False
+    # The submitter of the exchange's own ticket (known once ``whole``).
+    submitter: int | None = None
 
     @property
     def messages(self) -> int:
@@ -144,7 +152,8 @@ def exchanges(history: list[dict[str, Any]]) -> list[Exchange]:
             # callback) is not part of the conversation.
             continue
         ex.pointers.append(pointer)
-        ex.whole = ex.whole or entry.get("ticket") == ex.exchange
+        if entry.get("ticket") == ex.exchange:
+            ex.whole, ex.submitter = True, entry.get("submitter")
         ex.last_seq = entry["seq"]
         ex.done = pointer.get("status") == "done"
     return sorted(by_id.values(), key=lambda e: e.last_seq)
@@ -161,16 +170,25 @@ def caps(runner: dict[str, Any]) -> tuple[int, int]:
 
 
 def conversation(
-    history: list[dict[str, Any]], *, resuming: str | None, runner: dict[str, Any]
+    history: list[dict[str, Any]],
+    *,
+    resuming: str | None,
+    runner: dict[str, Any],
+    submitter: int | None = None,
 ) -> tuple[list[list[Any]], list[Any] | None, Any]:
     """(earlier exchanges' messages, the resumed exchange's messages, its
-    saved framework state), following the policy in the module docstring."""
+    saved framework state), following the policy in the module docstring;
+    ``submitter``: the submitter of the ticket this turn runs."""
     all_exchanges = exchanges(history)
     resumed_ex = next((e for e in all_exchanges if e.exchange == resuming), None)
+    if resumed_ex is not None:
+        submitter = resumed_ex.submitter
+    shared = runner.get("memory") == "shared"
     max_messages, max_bytes = caps(runner)
     kept: list[Exchange] = []
     messages = bytes_ = 0
-    for ex in reversed([e for e in all_exchanges if e.done and e.whole and e.exchange != resuming]):
+    candidates = [e for e in all_exchanges if e.done and e.whole and e.exchange != resuming]
+    for ex in reversed([e for e in candidates if shared or e.submitter == submitter]):
         if messages + ex.messages > max_messages or bytes_ + ex.bytes > max_bytes:
             break
         kept.append(ex)

@@ -166,7 +166,9 @@ def run_agent(ctx: TurnContext) -> Outcome:
 def _run(ctx: TurnContext, adapter: Adapter, agent: Any) -> Outcome:
     resume = _continuation(ctx.input)
     if resume is None:
-        earlier, _, _ = memory.conversation(ctx.history, resuming=None, runner=ctx.runner)
+        earlier, _, _ = memory.conversation(
+            ctx.history, resuming=None, runner=ctx.runner, submitter=ctx.submitter
+        )
         turn = AgentTurn(
             prompt=_prompt(ctx.input),
             history=earlier,

@@ -12,10 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db.models import F, Q
 
+from core.errors import DomainError
 from core.transient import (
+    is_transient,
     retry_transient,
 )
+from endpoints import runner_spec
 from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
 
 from .. import registry, runners, running
@@ -128,9 +132,14 @@ def _run_one(
         # an error here would leave a started turn without an outcome, and
         # the budget sweep would quarantine a healthy endpoint.
         _load_history=lambda: _read_with_retry(
-            lambda: recent_history(endpoint.id, limit=history_entries(endpoint.runner)),
+            lambda: recent_history(
+                endpoint.id,
+                limit=history_entries(endpoint.runner),
+                **_memory_party(endpoint.runner, ticket),
+            ),
             what=f"history for turn {turn.id}",
         ),
+        submitter=ticket.submitted_by_id,
         deadline=turn.deadline_at,
         runner=endpoint.runner,
         interrupt_grace_s=endpoint.interrupt_grace_s,
@@ -182,14 +191,17 @@ def _run_one(
             # Stopped by the flag this worker raised: the interrupt is in the
             # ledger before the finish, which then records why (timed out).
             watch.record_interrupt()
-        finished = finish_with_retry(
-            turn=turn,
-            outcome=outcome,
-            slot=slot,
-            start_next=chain(),
-            celery_task_id=celery_task_id,
-            ran_s=ran_s,
-        )
+        try:
+            finished = finish_with_retry(
+                turn=turn,
+                outcome=outcome,
+                slot=slot,
+                start_next=chain(),
+                celery_task_id=celery_task_id,
+                ran_s=ran_s,
+            )
+        except Exception as exc:
+            finished = _finish_after_fault(turn=turn, exc=exc, slot=slot, ran_s=ran_s)
         idle_recorded = finished.slot_recorded
     finally:
         with _current_lock:
@@ -211,8 +223,32 @@ def current_turns() -> list[tuple[Turn, threading.Event]]:
         return list(_current.values())
 
 
-def recent_history(endpoint_id: int, *, limit: int = HISTORY_ENTRIES) -> list[dict[str, Any]]:
-    rows = ContextEntry.objects.filter(endpoint_id=endpoint_id).order_by("-seq")[:limit]
+def _memory_party(runner: dict[str, Any], ticket: Ticket) -> dict[str, Any]:
+    """How an agent's turn reads its history: each entry with its ticket's
+    submitter (whose exchange it is: runtime/agents/memory.py), and for a
+    per-submitter memory and a submitter's own ticket only that submitter's
+    entries and the runtime's (a resume's callback has no submitter), so
+    others' exchanges do not crowd the window out. {} for other runners."""
+    mode = runner_spec.memory_mode(runner)
+    if mode is None:
+        return {}
+    if mode == "shared" or ticket.submitted_by_id is None:
+        return {"with_submitter": True}
+    return {"with_submitter": True, "party": ticket.submitted_by_id}
+
+
+def recent_history(
+    endpoint_id: int,
+    *,
+    limit: int = HISTORY_ENTRIES,
+    with_submitter: bool = False,
+    party: int | None = None,
+) -> list[dict[str, Any]]:
+    rows = ContextEntry.objects.filter(endpoint_id=endpoint_id)
+    if with_submitter:
+        rows = rows.annotate(submitter=F("ticket__submitted_by_id"))
+    if party is not None:
+        rows = rows.filter(Q(ticket__submitted_by_id=party) | Q(ticket__submitted_by__isnull=True))
     return [
         {
             "seq": e.seq,
@@ -220,8 +256,9 @@ def recent_history(endpoint_id: int, *, limit: int = HISTORY_ENTRIES) -> list[di
             "input": e.input,
             "result": e.result,
             "artifacts": e.artifacts or [],
+            **({"submitter": e.submitter} if with_submitter else {}),
         }
-        for e in reversed(rows)
+        for e in reversed(rows.order_by("-seq")[:limit])
     ]
 
 
@@ -346,6 +383,25 @@ def start_with_retry(
 
     return retry_transient(
         attempt, what=f"start for ticket {ticket_id}", max_s=settings.FINISH_RETRY_MAX_S
+    )
+
+
+def _finish_after_fault(
+    *, turn: Turn, exc: Exception, slot: tuple[str, int] | None, ran_s: float | None
+) -> Finished:
+    """The runner returned, and finishing its turn raised in the worker's own
+    code (an outcome json or PostgreSQL refused that ``runners.storable``
+    did not foresee, a bug): the turn fails ``runtime_error`` with the
+    exception's class, through the same finish, so it ends recorded and the
+    endpoint serves on. Nothing of the failed attempt was written (the
+    finish is one transaction). Raised again: a database still away past
+    the retries and a domain error (the turn is not this worker's to
+    finish), both the sweep's, and a second failure."""
+    if is_transient(exc) or isinstance(exc, DomainError):
+        raise exc
+    log.exception("turn %s: finishing it failed; it fails runtime_error", turn.id)
+    return finish_with_retry(
+        turn=turn, outcome=runners.runtime_error(exc, "finishing the turn"), slot=slot, ran_s=ran_s
     )
 
 

@@ -123,12 +123,30 @@ class _Refused(Exception):
 
 # claimcheck_finish_turn: runtime/sql/claimcheck_finish_turn.sql; the
 # columns of the next turn it started only when asked to start one.
+# Called with named arguments (a parameter added with a default shifts no
+# caller); the params dict below names each.
 _FINISH_CALL = (
-    " FROM claimcheck_finish_turn(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,"
-    " %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s, %s, %s, %s,"
-    " %s, %s, %s::jsonb, %s, %s) r"
+    " FROM claimcheck_finish_turn(p_ticket => %(ticket)s, p_endpoint => %(endpoint)s,"
+    " p_turn => %(turn)s, p_seq => %(seq)s, p_kind => %(kind)s, p_result => %(result)s::jsonb,"
+    " p_artifacts => %(artifacts)s::jsonb, p_error => %(error)s::jsonb,"
+    " p_evidence => %(evidence)s::jsonb, p_children => %(children)s::jsonb,"
+    " p_continuation => %(continuation)s::jsonb, p_stale_detail => %(stale_detail)s::jsonb,"
+    " p_digest => %(digest)s, p_source => %(source)s, p_ran_s => %(ran_s)s,"
+    " p_delivery => %(delivery)s, p_node => %(node)s, p_pid => %(pid)s,"
+    " p_next_turn => %(next_turn)s, p_task => %(task)s, p_worker => %(worker)s::jsonb,"
+    " p_next_token_sha256 => %(next_token_sha256)s, p_next_actor => %(next_actor)s) r"
 )
-_WRITTEN = "r.o_status, r.o_state, r.o_turn_state, r.o_next, r.o_delivery, r.o_due, r.o_reason"
+# What the function reports, read by name (_Written's fields in order).
+_WRITTEN_COLUMNS = (
+    "o_status",
+    "o_state",
+    "o_turn_state",
+    "o_next",
+    "o_delivery",
+    "o_due",
+    "o_reason",
+)
+_WRITTEN = ", ".join(f"r.{c}" for c in _WRITTEN_COLUMNS)
 _FINISH_SQL = f"SELECT {_WRITTEN}{_FINISH_CALL}"
 _FINISH_START_SQL = (
     f"SELECT {_WRITTEN}, {started_columns('o_next_endpoint', 'o_next_turn', 'o_next_ticket')}"
@@ -340,35 +358,46 @@ def _call(
     # A fresh turn id and token for each attempt: a retry after a lost reply
     # finds the turn an earlier one started (``_answer``, duplicate).
     nxt = Credentials.new(celery_task_id=celery_task_id, slot=slot) if start_next else None
-    params = [
-        turn.ticket_id,
-        turn.endpoint_id,
-        turn.id,
-        seq,
-        kind,
-        _json(outcome.result),
-        json.dumps(outcome.artifacts or []),
-        _json(error),
-        _json(outcome.evidence) if kind == "stopped" else None,
-        json.dumps(children or []),
-        _json(wait.continuation if wait is not None else None),
-        json.dumps(_evidence_detail(outcome)),
-        digest,
-        source,
-        ran_s,
-        new_id(),
-        node,
-        pid,
-        # claimcheck_start_turn's after the ticket's, but for the slot (above).
-        *(start_params(nxt)[:5] if nxt is not None else [None] * 5),
-    ]
+    # The next turn's (claimcheck_start_turn's after the ticket's, but for
+    # the slot: above), when this worker starts it.
+    start = start_params(nxt)[:5] if nxt is not None else [None] * 5
+    params = {
+        "ticket": turn.ticket_id,
+        "endpoint": turn.endpoint_id,
+        "turn": turn.id,
+        "seq": seq,
+        "kind": kind,
+        "result": _json(outcome.result),
+        "artifacts": json.dumps(outcome.artifacts or []),
+        "error": _json(error),
+        "evidence": _json(outcome.evidence) if kind == "stopped" else None,
+        "children": json.dumps(children or []),
+        "continuation": _json(wait.continuation if wait is not None else None),
+        "stale_detail": json.dumps(_evidence_detail(outcome)),
+        "digest": digest,
+        "source": source,
+        "ran_s": ran_s,
+        "delivery": new_id(),
+        "node": node,
+        "pid": pid,
+        **dict(
+            zip(
+                ("next_turn", "task", "worker", "next_token_sha256", "next_actor"),
+                start,
+                strict=True,
+            )
+        ),
+    }
     began = time.monotonic()
     with call_cursor() as cur:
         cur.execute(_FINISH_START_SQL if nxt is not None else _FINISH_SQL, params)
         row = cur.fetchone()
-    written = _Written(*row[:7])
+        names = [column.name for column in cur.description]
+    n = len(_WRITTEN_COLUMNS)
+    assert tuple(names[:n]) == _WRITTEN_COLUMNS, names  # the SELECT list above
+    written = _Written(*row[:n])
     if nxt is not None:
-        written = replace(written, started=started_from(row[7:], nxt, began=began))
+        written = replace(written, started=started_from(row[n:], nxt, began=began))
     _wake(written, ticket_id=turn.ticket_id)
     return written
 

@@ -436,7 +436,9 @@ document.addEventListener("submit", function (event) {
     var names = [];
     if (!row) return names;
     Array.prototype.forEach.call(row.cells, function (th) {
-      var text = th.textContent.trim();
+      // A header whose text is not a label (the waterfall's time axis: its
+      // ticks would run into one word) names its column in data-label.
+      var text = th.getAttribute("data-label") || th.textContent.trim();
       for (var i = 0; i < (th.colSpan || 1); i++) names.push(text);
     });
     return names;

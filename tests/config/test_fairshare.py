@@ -233,3 +233,152 @@ def test_mcp_waits_take_a_wait_slot_and_none_free_is_rate_limited(
     runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test")
     done = wait_for_ticket(30)
     assert done["isError"] is False and done["structuredContent"]["state"] == "cancelled"
+
+
+# --- The defaults and a key's own limits ------------------------------------------------------
+
+
+@pytest.fixture
+def gunicorn_at_the_defaults(transactional_db, tmp_path):
+    """gunicorn as deployed (deploy/gunicorn.conf.py) at ``make run``'s size,
+    every fair-share setting left at its default."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import FAIR_SHARE_OFF, _test_env
+    from tests.nginx import free_port
+
+    root = Path(__file__).resolve().parents[2]
+    port = free_port()
+    env = {k: v for k, v in _test_env().items() if k not in FAIR_SHARE_OFF}
+    env.update(GUNICORN_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY="2", GUNICORN_THREADS="8")
+    fairshare.storage().reset()
+    with open(tmp_path / "web.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "config.wsgi:application",
+             "-c", str(root / "deploy" / "gunicorn.conf.py")],
+            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(up, timeout=120, message="gunicorn to answer")
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_a_fan_out_and_a_loader_of_one_key_are_not_refused_at_the_defaults(
+    gunicorn_at_the_defaults, make_endpoint
+):
+    """50 submissions of one key at once (an orchestrator's fan-out), then a
+    loader of 16 threads: every one admitted, none 429."""
+    make_endpoint("fan-out")  # no worker: the tickets stay queued
+    key = _key("orchestrator")
+    url = f"{gunicorn_at_the_defaults}/api/v1/tickets"
+    headers = {"Authorization": f"Bearer {key}"}
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def post(n: int) -> None:
+        r = httpx.post(
+            url, json={"endpoint": "fan-out", "input": {"n": n}}, headers=headers, timeout=60
+        )
+        with lock:
+            statuses.append(r.status_code)
+
+    gate = threading.Barrier(50)
+
+    def at_once(n: int) -> None:
+        gate.wait(timeout=60)
+        post(n)
+
+    threads = [threading.Thread(target=at_once, args=(n,)) for n in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(set(statuses)) == [201] and len(statuses) == 50, statuses
+
+    statuses.clear()
+
+    def loader(i: int) -> None:
+        for n in range(10):
+            post(1000 + i * 100 + n)
+
+    threads = [threading.Thread(target=loader, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert sorted(set(statuses)) == [201] and len(statuses) == 160, statuses
+
+
+@pytest.mark.django_db
+def test_a_key_with_limits_of_its_own_is_counted_apart_under_them(api, make_endpoint, fair_share):
+    """The user's plain keys share the setting's budget; a key staff gave
+    its own limits has a budget of its own, and its 429 names it."""
+    make_endpoint("metered")
+    fair_share.RATE_LIMIT_ADMISSIONS = "2/minute"
+    _, plain = create_api_key(username="tenant")
+    _, other_plain = create_api_key(username="tenant")
+    row, own = create_api_key(username="tenant", rate_limit_admissions="4/minute")
+    assert row.rate_limit_admissions == "4/minute" and row.rate_limit_concurrent_requests is None
+
+    def submit(key: str, n: int):
+        return api.as_key(key).post("/tickets", {"endpoint": "metered", "input": {"n": n}})
+
+    assert [submit(plain, n).status_code for n in range(2)] == [201, 201]
+    assert submit(other_plain, 2).status_code == 429  # the user's budget, shared
+    assert [submit(own, n).status_code for n in range(3, 7)] == [201] * 4
+    refused = submit(own, 7)
+    assert refused.status_code == 429 and refused.json()["limit"] == 4
+    assert "this key's own limit" in refused.json()["detail"]
+
+    # Its own requests in flight: a lease held on the key's subject fills a
+    # limit of one, while the user's plain keys are not held by it.
+    fair_share.RATE_LIMIT_CONCURRENT_REQUESTS = 5
+    row, narrow = create_api_key(username="tenant", rate_limit_concurrent_requests=1)
+    held, _ = fairshare._acquire("requests", f"key:{row.id}", 1)
+    try:
+        refused = api.as_key(narrow).get("/tickets")
+        assert refused.status_code == 429 and refused.json()["limit"] == 1
+        assert "this key's own limit" in refused.json()["detail"]
+        assert api.as_key(plain).get("/tickets").status_code == 200
+    finally:
+        fairshare._release("requests", f"key:{row.id}", held)
+    assert api.as_key(narrow).get("/tickets").status_code == 200
+    # Served from the cache of verified keys, the limits still hold.
+    fairshare._acquire("requests", f"key:{row.id}", 1)
+    assert api.as_key(narrow).get("/tickets").status_code == 429
+
+
+@pytest.mark.django_db
+def test_create_api_key_takes_a_keys_own_limits_and_refuses_an_unreadable_rate():
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from accounts.models import ApiKey
+
+    out, err = StringIO(), StringIO()
+    call_command(
+        "create_api_key", "loader", "--rate", "1000/second", "--concurrent-requests", "32",
+        stdout=out, stderr=err,
+    )  # fmt: skip
+    row = ApiKey.objects.get(user__username="loader")
+    assert (row.rate_limit_admissions, row.rate_limit_concurrent_requests) == ("1000/second", 32)
+    assert "own limits: admissions 1000/second, 32 requests in flight" in err.getvalue()
+    with pytest.raises(CommandError, match="couldn't parse"):
+        call_command("create_api_key", "loader", "--rate", "lots", stdout=out, stderr=err)
+    assert ApiKey.objects.filter(user__username="loader").count() == 1

@@ -387,3 +387,124 @@ def test_the_walk_names_deep_places_without_recursing():
     assert loads('{"a": [1, 2.5, "\\u00e9\\ud83d\\ude00", {"b": null}]}') == {
         "a": [1, 2.5, "é😀", {"b": None}]
     }
+
+
+# --- The depth bound --------------------------------------------------------------------------
+
+
+def nest(depth: int) -> dict:
+    value: dict | int = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (ticket_body(input=nest(65)), "input"),
+        (ticket_body(input=nest(800)), "input"),
+        (ticket_body(requester={"metadata": nest(64)}), "requester"),
+        (ticket_body(return_to={"endpoint": "alpha", "continuation": nest(64)}), "return_to"),
+    ],
+    ids=["input 65", "input 800", "requester", "return_to"],
+)
+def test_a_field_nested_past_the_bound_is_400_naming_it(api, make_endpoint, body, field):
+    make_endpoint("alpha")
+    before = counts()
+    body = assert_refused(api.post("/tickets", body), field)
+    assert "nested more than 64 levels deep" in body["detail"]
+    assert counts() == before
+
+
+def test_a_turn_result_nested_past_the_bound_is_400_and_the_turn_runs_on(api, make_endpoint):
+    from runtime import turns as runtime
+
+    make_endpoint("alpha")
+    started = runtime.start_turn(ticket_id=admit_ticket(endpoint="alpha", input={}).ticket.id)
+    path = f"/turns/{started.turn.id}/result"
+    turn_api = api.as_key(started.token)
+    for body, field in [
+        ({"seq": started.turn.seq, "result": nest(65)}, "result"),
+        ({"seq": started.turn.seq, "error": {"detail": nest(64)}}, "error"),
+    ]:
+        assert_refused(turn_api.post(path, body), field)
+    assert Ticket.objects.get(id=started.ticket.id).state == "running"
+    answer = turn_api.post(path, {"seq": started.turn.seq, "result": nest(64)})
+    assert answer.status_code == 200, answer.content
+    assert Ticket.objects.get(id=started.ticket.id).result == nest(64)
+
+
+def test_the_bound_is_a_setting(api, make_endpoint, settings):
+    make_endpoint("alpha")
+    settings.TICKET_MAX_JSON_DEPTH = 3
+    assert api.post("/tickets", ticket_body(input=nest(3))).status_code == 201
+    assert_refused(api.post("/tickets", ticket_body(input=nest(4))), "input")
+
+
+# What the runtime nests around a value it carries, at most: a history row in
+# an envelope ({"history": [{"input": value}]}: 3 levels); a wait's child in
+# ``asdict`` of an outcome (wait, children, the list, the child: 4); the
+# pipe's message to a turn's process (a tuple, the fields: 2).
+RUNTIME_WRAPPING = 4
+# The stack a turn runs on in a Celery worker is shallower than under pytest
+# (tests/endpoints/deep_runners.frames measures the latter); the margin is
+# taken with this many frames more than that, for what a deployment adds.
+STACK_ALLOWANCE = 100
+
+
+def _first_failing_depth(fn, frames: int) -> int:
+    """The least nesting at which ``fn`` raises RecursionError when called
+    ``frames`` frames deep."""
+
+    def at(depth_left: int, value):
+        return fn(value) if depth_left <= 0 else at(depth_left - 1, value)
+
+    low, high = 1, 3000
+    while low < high:
+        mid = (low + high) // 2
+        try:
+            at(frames - len(__import__("inspect").stack(0)), nest(mid))
+            low = mid + 1
+        except RecursionError:
+            high = mid
+    return low
+
+
+def test_the_bound_is_far_below_what_the_worker_can_carry(make_endpoint, settings):
+    """A value at the bound, wrapped as the runtime wraps it, round-trips
+    through pickle (a turn's process), json and dataclasses.asdict (the
+    finish) and PostgreSQL; each of those fails only at a depth at least
+    four times that, measured on a stack deeper than a turn's."""
+    import dataclasses
+    import pickle
+
+    from django.db import connection
+
+    from runtime import turns as runtime
+    from runtime.runners import Child, Outcome, Wait
+
+    carried = nest(settings.TICKET_MAX_JSON_DEPTH + RUNTIME_WRAPPING)
+
+    def as_outcome(value):
+        return dataclasses.asdict(Outcome("wait", wait=Wait(children=[Child("x", value)])))
+
+    assert pickle.loads(pickle.dumps(carried)) == carried
+    assert json.loads(json.dumps(carried)) == carried
+    assert as_outcome(carried)["wait"]["children"][0]["input"] == carried
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb", [json.dumps(carried)])
+        assert json.loads(cursor.fetchone()[0]) == carried
+
+    make_endpoint("frames", path="tests.endpoints.deep_runners.frames", isolation="inline")
+    ticket = admit_ticket(endpoint="frames", input={}).ticket
+    runtime.run_ticket(ticket_id=ticket.id)
+    frames = Ticket.objects.get(id=ticket.id).result["frames"] + STACK_ALLOWANCE
+    depth = settings.TICKET_MAX_JSON_DEPTH + RUNTIME_WRAPPING
+    failing = {
+        "pickle": _first_failing_depth(pickle.dumps, frames),
+        "json": _first_failing_depth(json.dumps, frames),
+        "asdict": _first_failing_depth(as_outcome, frames),
+    }
+    print(f"runner stack {frames - STACK_ALLOWANCE} frames; first failing depth {failing}")
+    assert all(found >= 4 * depth for found in failing.values()), (frames, failing)

@@ -39,3 +39,31 @@ def test_the_demo_owner_can_look_in_the_admin(client, settings, tmp_path):
         assert label in index, label
     assert client.get("/admin/tickets/ticket/").status_code == 200
     assert client.get("/admin/auth/user/").status_code == 403  # the ledger's records only
+
+
+def test_seeding_makes_an_approval_endpoint_and_the_examples_the_workers_allow(settings, tmp_path):
+    """demo.approve holds its answers for approval; the examples' agents
+    are seeded, owned by demo, only where the allow-list takes them (as
+    `make run` sets it), and a line says why when they are not."""
+    from endpoints.models import Endpoint
+
+    settings.VAR_DIR = tmp_path
+    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["runtime.demo."]
+    err = io.StringIO()
+    call_command("seed_demo", allow_production=True, stdout=io.StringIO(), stderr=err)
+    assert Endpoint.objects.get(address="demo.approve").requires_approval is True
+    assert not Endpoint.objects.filter(address__startswith="examples.").exists()
+    assert "examples for pydantic_ai: RUNNER_PYTHON_ALLOWED_PREFIXES" in err.getvalue()
+
+    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = ["runtime.demo.", "examples."]
+    call_command("seed_demo", allow_production=True, stdout=io.StringIO(), stderr=io.StringIO())
+    seeded = set(
+        Endpoint.objects.filter(address__startswith="examples.").values_list("address", flat=True)
+    )
+    assert seeded == {
+        f"examples.{p}-{role}"
+        for p in ("pai", "oai")
+        for role in ("research", "search", "summarize")
+    }
+    demo = get_user_model().objects.get(username="demo")
+    assert demo.groups.filter(name="owners:examples.oai-research").exists()

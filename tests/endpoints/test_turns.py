@@ -469,3 +469,52 @@ def test_only_a_turn_skips_the_health_check_between_tasks():
     assert not connection.health_check_done
     _database_connections(signal=signals.task_prerun, task=deliver)
     assert not connection.health_check_done  # every other task checks first
+
+
+def test_replies_the_ledger_cannot_store_fail_their_tickets_and_no_sweep_quarantines(
+    worker, make_endpoint
+):
+    """A real worker and its sweeps: each reply ends its ticket failed (the
+    worker's task did not die), the sweeps find nothing to quarantine, and
+    the endpoints run their next tickets."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from health.models import SweepRun
+    from recovery.models import RecoveryCase
+    from tests.endpoints.deep_runners import nest_text
+    from tests.endpoints.test_bounds import PRINT_REPLY
+
+    make_endpoint("cmd", runner={"kind": "command", "argv": [sys.executable, "-c", PRINT_REPLY]})
+    make_endpoint("py", path="tests.endpoints.deep_runners.unstorable")
+    sent = [
+        ("cmd", {"reply": '{"result": {"a": "\\u0000"}}'}, "unstorable_result"),
+        ("cmd", {"reply": '{"result": ' + nest_text(800, "x") + "}"}, "unstorable_result"),
+        ("py", {"kind": "surrogate"}, "unstorable_result"),
+        ("py", {"kind": "deep"}, "unstorable_result"),
+        ("py", {"kind": "mixed_keys"}, "runtime_error"),
+    ]
+    ids = [admit_ticket(endpoint=address, input=body).ticket.id for address, body, _ in sent]
+    wait_for(terminal(ids), timeout=60, message="every ticket to end")
+    for ticket_id, (_, _, code) in zip(ids, sent, strict=True):
+        ticket = Ticket.objects.get(id=ticket_id)
+        assert (ticket.state, ticket.error["code"]) == ("failed", code), ticket.error
+    # The budget sweep runs every 0.5 s: two seconds of its runs after the
+    # last ticket ended find nothing to interrupt or quarantine.
+    ended = timezone.now()
+    wait_for(
+        lambda: SweepRun.objects.filter(
+            name="budgets", last_finished_at__gte=ended + timedelta(seconds=2)
+        ).exists(),
+        timeout=30,
+        message="two seconds of budget sweeps",
+    )
+    assert not RecoveryCase.objects.exists()
+    assert set(Endpoint.objects.values_list("state", flat=True)) == {"available"}
+    good = [
+        admit_ticket(endpoint="cmd", input={"reply": '{"result": 1}'}).ticket.id,
+        admit_ticket(endpoint="py", input={"kind": "fine"}).ticket.id,
+    ]
+    wait_for(terminal(good), timeout=60, message="the next tickets")
+    assert set(Ticket.objects.filter(id__in=good).values_list("state", flat=True)) == {"succeeded"}

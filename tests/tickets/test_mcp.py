@@ -190,11 +190,15 @@ def test_bad_input_is_a_tool_error_with_the_apis_code(
             S, key = "submit_ticket", {"endpoint": "mcp.echo", "input": {}}
             submit = {**key, "input": {"x": 1}, "dedupe_key": "k"}
             cancelled = {"ticket_id": queued["id"]}
+            too_deep: dict[str, Any] = {"a": 1}
+            for _ in range(64):  # 65 levels: one past TICKET_MAX_JSON_DEPTH
+                too_deep = {"a": too_deep}
             cases = [
                 (S, {**submit, "input": "text"}, 422, invalid("input")),
                 (S, {**submit, "colour": "red"}, 422, invalid("colour")),
                 (S, key, 422, invalid("dedupe_key")),
                 (S, {**submit, "input": {"a": "x\x00y"}}, 400, invalid("arguments.input.a")),
+                (S, {**submit, "input": too_deep}, 400, invalid("arguments.input is nested")),
                 (S, {**submit, "dedupe_key": "tab\there"}, 400, invalid("dedupe_key")),
                 (S, {**submit, "wait_s": 21}, 400, invalid("wait_s")),
                 (S, {**submit, "wait_s": 61}, 422, invalid("wait_s")),

@@ -19,6 +19,8 @@ DECLARE
     v_depth integer := 0;
     v_root boolean := p_parent IS NULL;
     v_count integer;
+    v_party text;
+    v_party_count integer;
     v_flagged boolean;
     v_woke boolean;
     v_refusal text;
@@ -148,8 +150,28 @@ BEGIN
             v_refusal := 'busy';
         END IF;
         v_trace := COALESCE(v_trace, p_trace, replace(p_id::text, '-', ''));
+        -- The breaker counts per party (docs/api.md, "A trace's breaker
+        -- counts per party"): the submitter, or for the runtime's own
+        -- admissions (a child, a callback, a re-run) the submitter of the
+        -- nearest ticket up the parent (else re-run) links that has one;
+        -- "-" when none has. So whoever else may add to a trace (the owner
+        -- of an endpoint it reached) spends its own share, not the root's.
+        v_party := p_submitted_by::text;
+        IF v_party IS NULL AND COALESCE(p_parent, p_rerun_of) IS NOT NULL THEN
+            WITH RECURSIVE up (submitted_by, next, n) AS (
+                SELECT t.submitted_by_id, COALESCE(t.parent_id, t.rerun_of_id), 1
+                FROM tickets_ticket t WHERE t.id = COALESCE(p_parent, p_rerun_of)
+                UNION ALL
+                SELECT t.submitted_by_id, COALESCE(t.parent_id, t.rerun_of_id), up.n + 1
+                FROM up JOIN tickets_ticket t ON t.id = up.next
+                WHERE up.submitted_by IS NULL AND up.n < 1000)
+            SELECT up.submitted_by::text INTO v_party
+            FROM up WHERE up.submitted_by IS NOT NULL LIMIT 1;
+        END IF;
+        v_party := COALESCE(v_party, '-');
         IF v_refusal IS NULL AND (p_trace IS NOT NULL OR p_parent IS NOT NULL) AND COALESCE(
-                (SELECT tr.tickets FROM tickets_trace tr WHERE tr.id = v_trace FOR UPDATE), 0)
+                (SELECT (tr.parties ->> v_party)::integer
+                 FROM tickets_trace tr WHERE tr.id = v_trace FOR UPDATE), 0)
                 >= p_hard THEN
             v_refusal := 'circuit_open';
         END IF;
@@ -189,20 +211,25 @@ BEGIN
                              THEN jsonb_build_object('parent', p_parent::text)
                              ELSE '{}'::jsonb END, p_now)
                 )
-                INSERT INTO tickets_trace AS tr (id, tickets, max_depth, flagged, created_at)
-                VALUES (v_trace, 1, v_depth, false, p_now)
+                INSERT INTO tickets_trace AS tr (id, tickets, parties, max_depth, flagged, created_at)
+                VALUES (v_trace, 1, jsonb_build_object(v_party, 1), v_depth, false, p_now)
                 ON CONFLICT (id) DO UPDATE
-                SET tickets = tr.tickets + 1, max_depth = greatest(tr.max_depth, EXCLUDED.max_depth)
-                RETURNING tr.tickets, tr.flagged INTO v_count, v_flagged;
+                SET tickets = tr.tickets + 1,
+                    parties = tr.parties || jsonb_build_object(v_party,
+                        COALESCE((tr.parties ->> v_party)::integer, 0) + 1),
+                    max_depth = greatest(tr.max_depth, EXCLUDED.max_depth)
+                RETURNING tr.tickets, (tr.parties ->> v_party)::integer, tr.flagged
+                INTO v_count, v_party_count, v_flagged;
                 o_status := 'admitted';
-                -- Past the soft limit the trace is flagged once, with a warning
-                -- on the ticket that passed it.
-                IF v_count > p_soft AND NOT v_flagged THEN
+                -- Past the soft limit (a party's count, as the hard one) the
+                -- trace is flagged once, with a warning on the ticket that
+                -- passed it.
+                IF v_party_count > p_soft AND NOT v_flagged THEN
                     UPDATE tickets_trace SET flagged = true WHERE id = v_trace;
                     INSERT INTO tickets_ticketevent (
                         ticket_id, kind, from_state, to_state, actor, detail, at)
                     VALUES (p_id, 'trace_soft_limit', '', '', 'circuit-breaker',
-                        jsonb_build_object('trace_id', v_trace, 'tickets', v_count,
+                        jsonb_build_object('trace_id', v_trace, 'tickets', v_party_count,
                             'soft_limit', p_soft),
                         p_now);
                     o_status := 'admitted_flagged';

@@ -20,6 +20,7 @@ DEMO = {
     "demo.stubborn": "runtime.demo.stubborn",
     "demo.fail": "runtime.demo.fail",
     "demo.research": "runtime.demo.research",
+    "demo.approve": "runtime.demo.echo",
 }
 # Runner fields and budgets beyond the defaults. demo.stuck runs inline: an
 # ignored interrupt cannot be proven stopped, so it shows quarantine (and a
@@ -28,7 +29,14 @@ DEMO = {
 # Short budgets, so the demo shows either within a minute.
 RUNNER_EXTRA = {"demo.stuck": {"isolation": "inline"}}
 SHORT = {"turn_budget_s": 20, "interrupt_grace_s": 5}
-BUDGETS = {"demo.stuck": SHORT, "demo.stubborn": SHORT, "demo.sleep": SHORT}
+# demo.approve: its answers wait for an owner's approval before delivery
+# (the console's "Approve", POST /tickets/{id}/approve).
+BUDGETS = {
+    "demo.stuck": SHORT,
+    "demo.stubborn": SHORT,
+    "demo.sleep": SHORT,
+    "demo.approve": {"requires_approval": True},
+}
 OWNER, PASSWORD = "demo", "demo-owner"
 # The apps whose records the admin shows (view-only: core/readonly_admin.py).
 LEDGER_APPS = ("tickets", "endpoints", "runtime", "recovery")
@@ -36,6 +44,28 @@ LEDGER_APPS = ("tickets", "endpoints", "runtime", "recovery")
 # installed (the optional dependency group, e.g. `uv sync --extra pydantic-ai`).
 AGENT_DEMO = {
     "demo.agent": {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"},
+}
+# The research agents of examples/ (examples/README.md), one trio per
+# framework: created when the framework is installed and the workers'
+# allow-list (RUNNER_PYTHON_ALLOWED_PREFIXES) takes "examples." (`make run`
+# sets both), so their turns run on the running workers.
+EXAMPLES = {
+    framework: {
+        f"examples.{prefix}-{role}": {
+            "kind": "agent",
+            "framework": framework,
+            "path": f"examples.{module}.{factory}",
+        }
+        for role, factory in (
+            ("research", "researcher"),
+            ("search", "searcher"),
+            ("summarize", "summarizer"),
+        )
+    }
+    for framework, prefix, module in (
+        ("pydantic_ai", "pai", "research_pydantic_ai"),
+        ("openai_agents", "oai", "research_openai_agents"),
+    )
 }
 
 
@@ -73,7 +103,12 @@ class Command(BaseCommand):
             if not Endpoint.objects.filter(address=address).exists() and _installed(runner):
                 create_endpoint(address=address, runner=runner, actor="command:seed_demo")
                 self.stderr.write(f"created endpoint {address}")
-        owned = [*DEMO, *(a for a in AGENT_DEMO if Endpoint.objects.filter(address=a).exists())]
+        examples = self._seed_examples()
+        owned = [
+            *DEMO,
+            *(a for a in AGENT_DEMO if Endpoint.objects.filter(address=a).exists()),
+            *examples,
+        ]
         # An existing demo owner keeps its password, and so its sessions (a
         # new password hash logs every console session out): only ownership
         # of the demo endpoints is made sure of.
@@ -103,6 +138,29 @@ class Command(BaseCommand):
             f"console: http://127.0.0.1:{port}/login/  user {OWNER}  password {PASSWORD}"
         )
         self.stdout.write(f"API key: {key}")
+
+    def _seed_examples(self) -> list[str]:
+        """The examples' endpoints that exist (made now if missing and
+        possible); a line for each framework that is left out, and why."""
+        prefixes = [p for p in settings.RUNNER_PYTHON_ALLOWED_PREFIXES if p]
+        present = []
+        for framework, endpoints in EXAMPLES.items():
+            first = next(iter(endpoints.values()))
+            if not _installed(first):
+                self.stderr.write(f"examples for {framework}: not installed, not seeded")
+                continue
+            if not all(any(r["path"].startswith(p) for p in prefixes) for r in endpoints.values()):
+                self.stderr.write(
+                    f"examples for {framework}: RUNNER_PYTHON_ALLOWED_PREFIXES does not take "
+                    "'examples.', not seeded"
+                )
+                continue
+            for address, runner in endpoints.items():
+                if not Endpoint.objects.filter(address=address).exists():
+                    create_endpoint(address=address, runner=runner, actor="command:seed_demo")
+                    self.stderr.write(f"created endpoint {address}")
+                present.append(address)
+        return present
 
 
 def _installed(runner: dict) -> bool:
