@@ -348,3 +348,26 @@ def test_ticket_states_map_onto_task_statuses(live_server, make_endpoint, django
     recovering = tasks["recovering"]
     assert recovering["status"] == "working"
     assert recovering["_meta"]["io.claimcheck/ticket"] == {"state": "recovering", "case": case}
+
+    # An owner finalises the case: the ticket is orphaned, a failed task
+    # naming its case.
+    from recovery.services import decide, inspect_case
+
+    owner = django_user_model.objects.get(username="alice")
+    inspection = inspect_case(case_id=case, user=owner)
+    decide(
+        case_id=case,
+        user=owner,
+        action="finalize_orphan",
+        inspection_id=inspection.id,
+        rationale="nobody knows what the stuck turn did",
+    )
+
+    async def read_orphaned() -> dict:
+        async with connect(live_server.url, alice) as client:
+            return await get_task(client, ids["recovering"])
+
+    orphaned = asyncio.run(read_orphaned())
+    assert orphaned["status"] == "failed", orphaned
+    assert orphaned["error"]["data"]["case"] == case
+    assert orphaned["_meta"]["io.claimcheck/ticket"] == {"state": "orphaned", "case": case}
