@@ -53,6 +53,7 @@ LEDGER_META = "io.claimcheck/ticket"
 # unreachable is an internal error the client retries.
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+METHOD_NOT_FOUND = -32601
 # A ticket that failed or was orphaned: an implementation-defined server
 # error (JSON-RPC reserves -32000 to -32099 for them) carrying the ledger's
 # error in ``data``.
@@ -68,6 +69,10 @@ def requested(ctx) -> bool:
     """Whether this request declared the extension: a server MUST NOT answer
     with a task handle otherwise (per-request capabilities on the 2026
     wire; an older wire has no extensions, hence no tasks)."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
     caps = ctx.session.client_capabilities
     extensions = getattr(caps, "extensions", None) if caps is not None else None
     return bool(extensions) and EXTENSION in extensions
@@ -274,6 +279,8 @@ def register(server) -> None:
     """Serve the extension on the SDK's low-level ``server`` and advertise it."""
     import mcp_types as types
     from asgiref.sync import sync_to_async
+    from mcp.shared.exceptions import MCPError
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
     class UpdateTaskParams(types.RequestParams):
         task_id: str
@@ -282,15 +289,24 @@ def register(server) -> None:
 
     run = sync_to_async(_on_request_thread, thread_sensitive=True)
 
+    def extension_wire(ctx) -> None:
+        # The extension is a 2026-07-28 one; the 2025-11-25 experimental
+        # tasks, whose methods share these names, are not served.
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(METHOD_NOT_FOUND, "Method not found", data=ctx.method)
+
     async def get_task(ctx, params: types.GetTaskRequestParams) -> dict[str, Any]:
+        extension_wire(ctx)
         return await run("tasks/get", get, params.task_id)
 
     async def update_task(ctx, params: UpdateTaskParams) -> dict[str, Any]:
+        extension_wire(ctx)
         # No input request is ever outstanding (``task``): the extension
         # asks responses to unknown keys to be ignored, and the call acked.
         return {}
 
     async def cancel_task(ctx, params: types.CancelTaskRequestParams) -> dict[str, Any]:
+        extension_wire(ctx)
         await run("tasks/cancel", cancel, params.task_id)
         return {}
 

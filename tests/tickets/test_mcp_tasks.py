@@ -103,7 +103,9 @@ class Tasks(ClientExtension):
 
 
 @contextlib.asynccontextmanager
-async def connect(url: str, key: str, tasks: bool = True) -> AsyncIterator[Client]:
+async def connect(
+    url: str, key: str, tasks: bool = True, mode: str = "auto"
+) -> AsyncIterator[Client]:
     async with (
         httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(30, read=90)
@@ -111,6 +113,7 @@ async def connect(url: str, key: str, tasks: bool = True) -> AsyncIterator[Clien
         Client(
             streamable_http_client(f"{url}/mcp", http_client=http),
             extensions=[Tasks()] if tasks else [],
+            mode=mode,
         ) as client,
     ):
         yield client
@@ -248,15 +251,23 @@ def test_cancel_a_task_and_a_strangers_task_is_not_found(
 
 def test_without_the_extension_submit_answers_as_before(live_server, make_endpoint, api_key):
     make_endpoint("tasks.plain")
+    args = {"endpoint": "tasks.plain", "input": {}, "dedupe_key": "p"}
 
-    async def calls() -> types.CallToolResult:
+    async def calls() -> list[Any]:
         async with connect(live_server.url, api_key, tasks=False) as client:
-            return await client.call_tool(
-                "submit_ticket", {"endpoint": "tasks.plain", "input": {}, "dedupe_key": "p"}
-            )
+            plain = await client.session.call_tool("submit_ticket", args, allow_claimed=True)
+        # The 2025 revisions have no extensions: no task, and no tasks/* methods.
+        async with connect(live_server.url, api_key, mode="legacy") as client:
+            legacy = await client.session.call_tool("submit_ticket", args, allow_claimed=True)
+            with pytest.raises(MCPError) as gone:
+                await get_task(client, plain.structured_content["id"])
+        return [plain, legacy, gone.value.code]
 
-    result = asyncio.run(calls())
-    assert not result.is_error and result.structured_content["state"] == "queued"
+    plain, legacy, code = asyncio.run(calls())
+    assert isinstance(plain, types.CallToolResult) and not plain.is_error
+    assert plain.structured_content["state"] == "queued"
+    assert isinstance(legacy, types.CallToolResult) and legacy.structured_content["duplicate"]
+    assert code == -32601
 
 
 def test_the_docs_tasks_example_runs(worker, live_server, make_endpoint, api_key, capsys):
