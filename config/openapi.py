@@ -94,7 +94,11 @@ class ErrorOut(Schema):
     errors: list[ValidationProblem] | None = Field(default=None, description="422: each problem.")
     ticket: str | None = Field(default=None, description="409 dedupe_conflict: the ticket.")
     state: str | None = Field(default=None, description="409 invalid_transition: its state.")
-    case: str | None = Field(default=None, description="423: the open recovery case.")
+    case: str | None = Field(
+        default=None,
+        description="423: the open recovery case; 409 on a retry of a `recovering` ticket: "
+        "the case an owner decides instead.",
+    )
     limit: int | None = Field(
         default=None, description="413: the limit in bytes; 429 rate_limited: the limit."
     )
@@ -119,7 +123,8 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "GET /tickets/{ticket_id}/lineage": set(),
     "POST /tickets/{ticket_id}/cancel": {409},
     # Both admit a ticket: admission's refusals (a quarantined endpoint, a
-    # busy or paused "reject" one, a full trace).
+    # busy or paused "reject" one, a full trace); a retry's 409 also names
+    # the case of a recovering ticket.
     "POST /tickets/{ticket_id}/retry": {409, 423, 429},
     "POST /endpoints/{address}/approvals/{ticket_id}/{call_id}": {409, 423, 429},
     "POST /tickets/{ticket_id}/approve": {409},

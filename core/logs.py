@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -143,6 +145,63 @@ class RoutineFilter(logging.Filter):
         return logging.getLogger().isEnabledFor(logging.DEBUG)
 
 
+# Pool processes killed on purpose (an owner's "stop the process"): pid ->
+# [why, when, the pool's own line seen, the task's line seen].
+_expected_exits: dict[int, list[Any]] = {}
+_expected_lock = threading.Lock()
+# How long after the kill the pool's lines about it are recognised.
+EXPECTED_EXIT_WINDOW_S = 60.0
+_BILLIARD_EXIT = "Process %r pid:%r exited with %r"
+_TASK_LOST = "Task handler raised error: %r"
+
+
+def expect_exit(pid: int, because: str) -> None:
+    """This process is about to kill pool process ``pid`` on purpose
+    (``because`` names who decided it): the pool's ERROR lines about it
+    (billiard's "exited with", Celery's ``WorkerLostError`` with its
+    traceback) are logged as one WARNING each, naming the reason
+    (``ExpectedExitFilter``), so alerting does not fire on a deliberate act."""
+    with _expected_lock:
+        _expected_exits[pid] = [because, time.monotonic(), False, False]
+
+
+def _expected_for(record: logging.LogRecord) -> str | None:
+    args = record.args if isinstance(record.args, tuple) else ()
+    now = time.monotonic()
+    with _expected_lock:
+        for pid, entry in list(_expected_exits.items()):
+            if now - entry[1] > EXPECTED_EXIT_WINDOW_S or (entry[2] and entry[3]):
+                del _expected_exits[pid]
+        if record.msg == _BILLIARD_EXIT and len(args) == 3:
+            entry = _expected_exits.get(args[1])
+            if entry is not None and not entry[2]:
+                entry[2] = True
+                return entry[0]
+        elif record.msg == _TASK_LOST and args and type(args[0]).__name__ == "WorkerLostError":
+            # Its line names a job, not a pid: the oldest kill not yet matched.
+            waiting = sorted((e for e in _expected_exits.values() if not e[3]), key=lambda e: e[1])
+            if waiting:
+                waiting[0][3] = True
+                return waiting[0][0]
+    return None
+
+
+class ExpectedExitFilter(logging.Filter):
+    """The pool's lines about a process killed on purpose (``expect_exit``)
+    as WARNING with the reason and no traceback; every other line as is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not _expected_exits:
+            return True
+        because = _expected_for(record)
+        if because is not None:
+            message = record.getMessage()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = "%s: %s", (because, message)
+            record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
 class ConsoleFormatter(logging.Formatter):
     """The classic line, with the bound ids as ``key=value`` at the end."""
 
@@ -176,13 +235,14 @@ def logging_config(*, fmt: str, level: str) -> dict[str, Any]:
             "context": {"()": "core.logs.ContextFilter"},
             "redact": {"()": "core.logs.RedactFilter"},
             "routine": {"()": "core.logs.RoutineFilter"},
+            "expected_exit": {"()": "core.logs.ExpectedExitFilter"},
         },
         "formatters": {"main": formatter},
         "handlers": {
             "console": {
                 "class": "logging.StreamHandler",
                 "formatter": "main",
-                "filters": ["routine", "context", "redact"],
+                "filters": ["expected_exit", "routine", "context", "redact"],
             }
         },
         "root": {"handlers": ["console"], "level": level},

@@ -14,6 +14,9 @@ clear 503, never a lost write (DESIGN.md, the developers' standards).
 - ``answer_by(deadline)``: the statements a thread sends inside the block
   end by the deadline, even when a pooler holds them (a request that must
   answer in its own time).
+- ``warn_transient(logger, what, exc)``: an outage's log line, one WARNING
+  per cause per second with no traceback (how many were left out is in the
+  next one): a 30 s outage is a few dozen lines, not a traceback per retry.
 """
 
 from __future__ import annotations
@@ -73,6 +76,31 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
+# At most one line per cause in this long (seconds).
+WARN_EVERY_S = 1.0
+# (logger, cause) -> [when last logged (monotonic), lines left out since].
+_warned: dict[tuple[str, str], list[float]] = {}
+_warned_lock = threading.Lock()
+
+
+def warn_transient(logger: logging.Logger, what: str, exc: BaseException) -> bool:
+    """Log a transient fault of ``what`` (the cause: "worker heartbeat of
+    x", "sweep budgets") as one WARNING line with ``describe(exc)`` and no
+    traceback, at most once a second per cause; the lines left out meanwhile
+    are counted in the next. True when this one was logged."""
+    key = (logger.name, what)
+    now = time.monotonic()
+    with _warned_lock:
+        entry = _warned.setdefault(key, [float("-inf"), 0.0])
+        if now - entry[0] < WARN_EVERY_S:
+            entry[1] += 1
+            return False
+        left_out, entry[0], entry[1] = int(entry[1]), now, 0.0
+    more = f" ({left_out} more like it not logged)" if left_out else ""
+    logger.warning("%s: %s%s", what, describe(exc), more)
+    return True
+
+
 def drop_broken_connection() -> None:
     """Close this thread's database connection so that the next query opens
     a new one. Outside a transaction only: inside ``atomic`` Django keeps the
@@ -125,6 +153,8 @@ def retry_transient(
         )
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
+        # One line per retry: its backoff already spaces them (0.2 s doubling
+        # to 2 s), and each names the exact turn or task it holds up.
         log.warning(
             "%s: transient database error (%s); retry %d in %.2fs",
             what,

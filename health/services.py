@@ -10,7 +10,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from core import observe
-from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
+from core.transient import TRANSIENT_ERRORS, drop_broken_connection, warn_transient
 
 from .models import SweepRun
 
@@ -54,5 +54,5 @@ def tolerate_transient(what: str) -> Iterator[None]:
     try:
         yield
     except TRANSIENT_ERRORS as exc:
-        log.warning("%s skipped: %s (the next run retries)", what, describe(exc))
+        warn_transient(log, f"{what} skipped (the next run retries)", exc)
         drop_broken_connection()

@@ -544,11 +544,20 @@ def stop_process(
                 "rationale": rationale,
             },
         )
+        # The decision the stop carries out: the worker's log names it.
+        decision = (
+            Decision.objects.filter(case_id=case.id)
+            .exclude(action=DecisionAction.KEEP_QUARANTINED)
+            .order_by("-created_at")
+            .values_list("id", flat=True)
+            .first()
+        )
         args = {
             "stop_id": str(stop.id),
             "turn_id": str(case.turn_id),
             "pid": stop.pid,
             "host": stop.host,
+            "decision": str(decision or ""),
         }
         transaction.on_commit(lambda: request_process_stop(stop.worker, **args))
     return stop

@@ -28,6 +28,7 @@ from django.db import close_old_connections, connections
 
 from core.dispatch import DISPATCH_CHANNEL
 from core.listen import connect_listener, describe_target, listen_params
+from core.transient import is_transient, warn_transient
 
 from . import turns
 
@@ -51,8 +52,11 @@ class Dispatcher(threading.Thread):
             while not self._stop_event.is_set():
                 try:
                     self._serve()
-                except Exception:  # a database outage: back off, then listen again
-                    log.exception("dispatcher: pass failed; retrying")
+                except Exception as exc:  # a database outage: back off, then listen again
+                    if is_transient(exc):
+                        warn_transient(log, "dispatcher: pass failed; retrying", exc)
+                    else:
+                        log.exception("dispatcher: pass failed; retrying")
                     connections.close_all()
                     self._stop_event.wait(1.0)
         finally:

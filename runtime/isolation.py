@@ -392,8 +392,29 @@ def _child_main(
                 return
     except BaseException:  # noqa: BLE001 - the child must always exit
         code = 70
+        # Before it exits, the supervisor hears why (its log, the ticket's
+        # error): otherwise all anyone sees is "exit code 70".
+        with contextlib.suppress(BaseException):
+            conn.send(("crashed", _bounded_traceback()))
     finally:
         os._exit(code)
+
+
+# How much of a crashed turn process's traceback reaches the log and the
+# ticket's error: the first line and the innermost frames with the
+# exception itself, which is where it ends.
+CRASH_TEXT_CHARS = 4000
+
+
+def _bounded_traceback() -> str:
+    import traceback
+
+    text = traceback.format_exc()
+    if len(text) <= CRASH_TEXT_CHARS:
+        return text
+    head, _, _ = text.partition("\n")
+    tail = text[-(CRASH_TEXT_CHARS - len(head) - 6) :]
+    return f"{head}\n  …\n{tail}"
 
 
 def _history(channel: _ChildChannel) -> list[dict[str, Any]]:
@@ -504,6 +525,8 @@ class IsolatedTurn:
     status: int | None = None
     # The child sent its outcome and may serve another turn.
     fit: bool = False
+    # The traceback the child sent before it exited on an exception.
+    crash: str | None = None
     # Set by the worker's shutdown: stop now, do not wait for the next beat.
     shutdown: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -625,13 +648,16 @@ def _hand_over(child: WarmChild, message: tuple) -> WarmChild:
     return child
 
 
-def _outcome_left_in(conn: Connection) -> Outcome | None:
-    """The outcome among the messages an exited child left in the pipe."""
+def _outcome_left_in(turn: IsolatedTurn) -> Outcome | None:
+    """The outcome among the messages an exited child left in the pipe (and
+    the traceback of its crash, kept on ``turn``)."""
     try:
-        while conn.poll(0):
-            message = conn.recv()
+        while turn.conn.poll(0):
+            message = turn.conn.recv()
             if message[0] == "outcome":
                 return message[1]
+            if message[0] == "crashed":
+                turn.crash = str(message[1])
     except (EOFError, OSError):
         pass
     return None
@@ -703,6 +729,8 @@ def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
                 if verb == "outcome":
                     outcome = message[1]
                     turn.fit = len(message) > 2 and bool(message[2])
+                elif verb == "crashed":
+                    turn.crash = str(message[1])
                 else:
                     try:
                         reply = _answer(ctx, verb, message[1:])
@@ -714,7 +742,7 @@ def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
         if turn.reap():
             # The child may have sent its outcome and exited between the poll
             # above and this reap: what it sent is still in the pipe.
-            outcome = outcome or _outcome_left_in(turn.conn)
+            outcome = outcome or _outcome_left_in(turn)
             break
         if outcome is not None:
             if not (turn.interrupted_at is not None or ctx._interrupt.is_set()):
@@ -752,7 +780,30 @@ def _supervise(ctx: TurnContext, turn: IsolatedTurn) -> Outcome:
     if interrupted:
         return Outcome.stopped("process_exit", turn.evidence())
     # The child died on its own without an outcome (a crash, os._exit).
-    return Outcome.failure(
-        {"code": "runner_died", "detail": "the turn's process exited without an outcome"}
-        | turn.evidence()
-    )
+    error = {"code": "runner_died", "detail": "the turn's process exited without an outcome"}
+    if turn.crash:
+        crash = _scrubbed(turn.crash, ctx)
+        last = crash.rstrip().rpartition("\n")[2]
+        error.update(detail=f"the turn's process raised before it could report: {last}")
+        error["traceback"] = crash
+        log.error(
+            "turn %s: process %s raised before it could report:\n%s", ctx.turn_id, turn.pid, crash
+        )
+    return Outcome.failure(error | turn.evidence())
+
+
+def _scrubbed(text: str, ctx: TurnContext) -> str:
+    """A crash's text without the turn's token or the values of the
+    secrets its runner put in the process's environment."""
+    from core.secrets import secret
+
+    if ctx.token:
+        text = text.replace(ctx.token, "[turn token]")
+    for name in (ctx.runner.get("secrets") or {}).values():
+        try:
+            value = secret(name)
+        except Exception:  # noqa: BLE001 - a secret that cannot be read was not exported
+            continue
+        if value:
+            text = text.replace(value, f"[secret {name}]")
+    return text

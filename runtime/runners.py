@@ -248,6 +248,11 @@ class TurnContext:
     # every turn of that generation is handed them.
     generation: int = 1
     notes: str = ""
+    # A re-run or retry of a ticket whose side-effecting tool calls never
+    # recorded an end: those calls ({tool, call_id, args_sha256,
+    # idempotency_key, ticket, turn}). A tool sends the key in doubt with
+    # its own new key, so the system it changes can recognise a repeat.
+    keys_in_doubt: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -297,6 +302,7 @@ class TurnContext:
                 "token": self.token,
             },
             "ticket": {"id": str(self.ticket_id), "input": self.input},
+            "keys_in_doubt": self.keys_in_doubt,
             "endpoint": self.endpoint,
             "notes": self.notes,
             "history": self.history,

@@ -38,6 +38,9 @@ from celery import signals
 from celery.worker.control import control_command
 from django.db import connection
 
+from core import logs
+from core.transient import is_transient, warn_transient
+
 from . import isolation, registry, runas, runners, turns
 
 log = logging.getLogger(__name__)
@@ -155,8 +158,11 @@ def _register(sender=None, **kwargs) -> None:
         while not SHUTDOWN.wait(settings.WORKER_HEARTBEAT_S):
             try:
                 registry.beat_worker(name, consuming())
-            except Exception:  # a database outage: the next beat retries
-                log.warning("worker heartbeat of %s failed", name, exc_info=True)
+            except Exception as exc:  # a database outage: the next beat retries
+                if is_transient(exc):
+                    warn_transient(log, f"worker heartbeat of {name} failed", exc)
+                else:
+                    log.warning("worker heartbeat of %s failed", name, exc_info=True)
                 connection.close()
 
     threading.Thread(target=beat, name="worker-heartbeat", daemon=True).start()
@@ -268,9 +274,11 @@ def stop_running_turns(exit_after: bool = True) -> list:
 
 @control_command(
     name=registry.STOP_COMMAND,
-    args=[("stop_id", str), ("turn_id", str), ("pid", int), ("host", str)],
+    args=[("stop_id", str), ("turn_id", str), ("pid", int), ("host", str), ("decision", str)],
 )
-def stop_process(state, stop_id: str, turn_id: str, pid: int, host: str) -> dict:
+def stop_process(
+    state, stop_id: str, turn_id: str, pid: int, host: str, decision: str = ""
+) -> dict:
     """An owner's "stop the process", in the main process of the worker it
     names: only on the recorded host, only a pool process of this worker, and
     only while its slot still names that exact turn. The kill and the report
@@ -287,12 +295,15 @@ def stop_process(state, stop_id: str, turn_id: str, pid: int, host: str) -> dict
         ).start()
         return {"error": refused}
     threading.Thread(
-        target=_kill_slot, args=(node, stop_id, turn_id, pid), name="stop-process", daemon=True
+        target=_kill_slot,
+        args=(node, stop_id, turn_id, pid, decision),
+        name="stop-process",
+        daemon=True,
     ).start()
     return {"ok": f"stopping process {pid}"}
 
 
-def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int) -> None:
+def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int, decision: str = "") -> None:
     from .models import WorkerSlot
     from .ports import case_keeper
 
@@ -300,7 +311,12 @@ def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int) -> None:
         if not WorkerSlot.objects.filter(worker__name=node, pid=pid, turn_id=turn_id).exists():
             _resolve(stop_id, "gone", f"process {pid} no longer runs turn {turn_id}")
             return
-        log.warning("stopping pool process %s (turn %s) on an owner's request", pid, turn_id)
+        because = (
+            f"pool process {pid} (turn {turn_id}) stopped on an owner's request "
+            f"(stop {stop_id}, decision {decision or 'unknown'})"
+        )
+        log.warning("%s", because)
+        logs.expect_exit(pid, because)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10

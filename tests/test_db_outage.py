@@ -48,6 +48,7 @@ class Stack:
     base: str = ""
 
     clients: list[httpx.Client] | None = None
+    web_log: Path | None = None
 
     def client(self, path: str = "", **kw) -> httpx.Client:
         c = httpx.Client(base_url=f"{self.base}{path}", timeout=30, **kw)
@@ -103,7 +104,7 @@ def stack(tmp_path_factory):
         pgcluster.migrate(url, env)
         _manage(env, "seed_demo", "--allow-production")
         key = _manage(env, "create_api_key", "ops", "--staff").strip().splitlines()[-1]
-        stack = Stack(pg=pg, env=env, key=key, clients=[])
+        stack = Stack(pg=pg, env=env, key=key, clients=[], web_log=tmp / "web.log")
         port = _free_port()
         with open(tmp / "web.log", "ab") as log:
             web = subprocess.Popen(
@@ -389,3 +390,57 @@ def test_readyz_reports_a_missing_sweeper_until_beat_runs(stack, procs):
         timeout=30,
         message="readyz to notice that beat is gone",
     )
+
+
+def _outage_lines(log: bytes) -> dict[str, int]:
+    lines = log.decode(errors="replace").splitlines()
+    # WARNING lines per (second, logger, cause): the cause is the message
+    # up to its first ": " (what failed), the error's text after it.
+    per_cause: dict[tuple[str, str, str], int] = {}
+    for line in lines:
+        parts = line.split(" ", 4)
+        if len(parts) == 5 and parts[2] == "WARNING":
+            key = (parts[1][:8], parts[3], parts[4].split(": ", 1)[0])
+            per_cause[key] = per_cause.get(key, 0) + 1
+    return {
+        "error": sum(" ERROR " in line for line in lines),
+        "warning": sum(" WARNING " in line for line in lines),
+        "traceback": sum(line.startswith("Traceback") for line in lines),
+        "most_per_cause_per_second": max(per_cause.values(), default=0),
+    }
+
+
+def test_an_outage_logs_a_warning_per_cause_per_second_and_no_traceback(stack, procs):
+    """While PostgreSQL is down the worker and the web app each say so once
+    a second per cause, at WARNING: no traceback per retry, no ERROR line
+    (alerting is for what an outage does not explain)."""
+    procs.worker(queues="turns,control", concurrency=2, ready_timeout=READY_S, embedded_beat=True)
+    api = stack.api()
+    assert api.get("/endpoints/demo.echo").status_code == 200
+    before = len(procs.log("turns"))
+    web_before = stack.web_log.stat().st_size
+    stack.pg.stop()
+    began = time.monotonic()
+    try:
+        # The outage itself, of a fixed length, the web app asked once a second.
+        def outage_over() -> bool:
+            assert api.get("/endpoints/demo.echo").status_code == 503
+            return time.monotonic() - began >= OUTAGE_S
+
+        wait_for(outage_over, timeout=OUTAGE_S + 10, interval=1.0)
+    finally:
+        stack.pg.start()
+    wait_for(lambda: api.get("/endpoints/demo.echo").status_code == 200, timeout=30)
+    worker = _outage_lines(procs.log("turns")[before:])
+    web = _outage_lines(stack.web_log.read_bytes()[web_before:])
+    print(f"outage {OUTAGE_S} s: turns worker {worker}, web {web}")
+    assert worker["traceback"] == 0, procs.log("turns")[-6000:].decode(errors="replace")
+    assert worker["error"] == 0, procs.log("turns")[-6000:].decode(errors="replace")
+    # Each process keeps its own count (as the web's 503 line does): the two
+    # pool processes may both run a sweep of one kind within a second here
+    # (SWEEP_INTERVAL_S is 0.5 s).
+    assert worker["most_per_cause_per_second"] <= 2, worker
+    assert web["traceback"] == 0 and web["error"] == 0, web
+
+
+OUTAGE_S = 10

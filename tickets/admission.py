@@ -181,10 +181,24 @@ def admit_ticket(
 _TICKET_FIELDS = tuple(Ticket._meta.concrete_fields)
 _TICKET_ATTNAMES = [f.attname for f in _TICKET_FIELDS]
 # claimcheck_admit: tickets/sql/claimcheck_admit.sql.
+# Named arguments (a parameter added with a default shifts no caller); its
+# result read by column name (``Row``).
+_ADMIT_PARAMS = (
+    "id", "address", "dedupe_key", "sha", "input", "parent", "trace", "return_to",
+    "continuation", "requester", "callback_for", "rerun_of", "submitted_by",
+    "may_submit_restricted", "actor", "now", "due", "soft", "hard",
+)  # fmt: skip
+_JSONB = {"input", "continuation", "requester"}
 _ADMIT_SQL = (
-    "SELECT * FROM claimcheck_admit(%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s::jsonb,"
-    " %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "SELECT * FROM claimcheck_admit("
+    + ", ".join(
+        f"p_{name} => %({name})s" + ("::jsonb" if name in _JSONB else "") for name in _ADMIT_PARAMS
+    )
+    + ")"
 )
+
+# One row of claimcheck_admit's result, by column name without its ``o_``.
+Row = dict[str, Any]
 
 
 def _admit(
@@ -215,31 +229,31 @@ def _admit(
         raise NotFound(f"parent ticket {parent_id} not found")
     now = timezone.now()
     ticket_id = new_id()
-    params = [
-        ticket_id,
-        address,
-        dedupe_key,
-        sha,
-        input_json,
-        parent_id,
-        trace_id,
-        return_to,
-        None if continuation is None else json.dumps(continuation),
-        json.dumps(requester),
-        callback_for_id,
-        rerun_of_id,
-        submitted_by_id,
+    params = {
+        "id": ticket_id,
+        "address": address,
+        "dedupe_key": dedupe_key,
+        "sha": sha,
+        "input": input_json,
+        "parent": parent_id,
+        "trace": trace_id,
+        "return_to": return_to,
+        "continuation": None if continuation is None else json.dumps(continuation),
+        "requester": json.dumps(requester),
+        "callback_for": callback_for_id,
+        "rerun_of": rerun_of_id,
+        "submitted_by": submitted_by_id,
         # The runtime's own admissions (no submitter) may submit anywhere,
         # but for a turn's children (asked_by: their rights, below).
-        submitter is None and asked_by is None,
-        actor,
-        now,
-        now + timedelta(seconds=settings.OBLIGATION_UPDATE_INTERVAL_S),
-        settings.TRACE_SOFT_LIMIT,
-        settings.TRACE_HARD_LIMIT,
-    ]
+        "may_submit_restricted": submitter is None and asked_by is None,
+        "actor": actor,
+        "now": now,
+        "due": now + timedelta(seconds=settings.OBLIGATION_UPDATE_INTERVAL_S),
+        "soft": settings.TRACE_SOFT_LIMIT,
+        "hard": settings.TRACE_HARD_LIMIT,
+    }
     row = _call(params)
-    if row[0] == "restricted":
+    if row["status"] == "restricted":
         # Who may submit to a restricted endpoint is the directory's rule,
         # asked before anything is looked up; then the function again.
         _require_submit(
@@ -249,13 +263,13 @@ def _admit(
             parent_id=parent_id,
             requested=(address, return_to),
         )
-        params[13] = True
+        params["may_submit_restricted"] = True
         row = _call(params)
-    if row[0] == "retry":
+    if row["status"] == "retry":
         # What refused the ticket changed while the function looked (a
         # busy endpoint went idle): once more, with the state as it is now.
         row = _call(params)
-    status = row[0]
+    status = row["status"]
     if status in ("admitted", "admitted_flagged"):
         # The ticket owes a dispatch: the dispatcher hears of it after the
         # commit, not from inside it (core/wakes.py says why).
@@ -266,18 +280,19 @@ def _admit(
     raise _refusal(status, row, parent_id=parent_id)
 
 
-def _call(params: list) -> tuple:
+def _call(params: dict[str, Any]) -> Row:
     # One statement (in autocommit its own transaction), unprepared, so fine
     # behind PgBouncer in transaction mode. PL/pgSQL plans the function's
     # statements once per server session.
     with call_cursor() as cur:
         cur.execute(_ADMIT_SQL, params)
-        return cur.fetchone()
+        values = cur.fetchone()
+        return {c.name.removeprefix("o_"): v for c, v in zip(cur.description, values, strict=True)}
 
 
 def _require_submit(
     submitter: AbstractBaseUser | None,
-    row: tuple,
+    row: Row,
     *,
     asked_by: rights.AskingTurn | None,
     parent_id: uuid.UUID | None,
@@ -289,7 +304,7 @@ def _require_submit(
     # In the model's field order: from_db reads partial values in that order.
     wanted = {"id", "address", "submit_restricted", "owners_id"}
     names = [f.attname for f in Endpoint._meta.concrete_fields if f.attname in wanted]
-    data = row[12]
+    data = row["row"]
     if isinstance(data, str | bytes):  # Django's jsonb loader leaves it text
         data = json.loads(data)
     for i, fields in enumerate(data):
@@ -308,9 +323,9 @@ def _require_submit(
             raise Forbidden(f"you may not submit tickets to {target.address}")
 
 
-def _refusal(status: str, row: tuple, *, parent_id: uuid.UUID | None) -> Exception:
+def _refusal(status: str, row: Row, *, parent_id: uuid.UUID | None) -> Exception:
     """The documented error for what the function refused (it wrote nothing)."""
-    address = row[3]
+    address = row["address"]
     if status == "endpoint_not_found":
         return NotFound(f"endpoint {address!r} not found")
     if status == "parent_not_found":
@@ -318,7 +333,7 @@ def _refusal(status: str, row: tuple, *, parent_id: uuid.UUID | None) -> Excepti
     if status == "trace_mismatch":
         return Invalid("trace_id differs from the parent's trace")
     if status == "quarantined":
-        case = quarantine_case(row[2])
+        case = quarantine_case(row["endpoint"])
         return EndpointQuarantined(
             f"endpoint {address} is quarantined until an owner decides",
             case=str(case) if case else None,
@@ -331,44 +346,49 @@ def _refusal(status: str, row: tuple, *, parent_id: uuid.UUID | None) -> Excepti
         return EndpointBusy(f"endpoint {address} is running a turn and rejects new work")
     if status == "circuit_open":
         return CircuitOpen(
-            f"trace {row[5]} holds {settings.TRACE_HARD_LIMIT} tickets of this party "
+            f"trace {row['trace']} holds {settings.TRACE_HARD_LIMIT} tickets of this party "
             "(the submitter whose tickets they are or descend from), its hard limit",
-            trace_id=row[5],
+            trace_id=row["trace"],
             limit=settings.TRACE_HARD_LIMIT,
         )
     return RuntimeError(f"claimcheck_admit answered {status!r}")
 
 
-def _admitted(row: tuple, *, ticket_id: uuid.UUID, params: list, input_json: str) -> Admitted:
+def _admitted(
+    row: Row, *, ticket_id: uuid.UUID, params: dict[str, Any], input_json: str
+) -> Admitted:
     """The ticket as the function inserted it, loaded as the ORM loads a row
     (from_db: positional, no keyword handling; 0.15 ms of a 0.9 ms admission
     went to Ticket(**fields)). The fields it leaves out are NULL."""
-    status, _, endpoint_id, canonical_address, return_to_id, trace, depth, root = row[:8]
+    status, endpoint_id, canonical_address = row["status"], row["endpoint"], row["address"]
+    return_to_id, trace, depth, root = row["return_to"], row["trace"], row["depth"], row["root"]
     if status == "admitted_flagged":
         log.warning("trace %s passed its soft limit (%s)", trace, settings.TRACE_SOFT_LIMIT)
-    now = params[15]
+    now = params["now"]
     values = {
         "id": ticket_id,
         "endpoint_id": endpoint_id,
-        "dedupe_key": params[2],
-        "input_sha256": params[3],
+        "dedupe_key": params["dedupe_key"],
+        "input_sha256": params["sha"],
         "input": json.loads(input_json),
-        "parent_id": params[5],
+        "parent_id": params["parent"],
         "trace_id": trace,
         "depth": depth,
         "state": TicketState.QUEUED.value,
         "artifacts": [],
         "return_to_id": return_to_id,
-        "continuation": None if params[8] is None else json.loads(params[8]),
-        "callback_for_id": params[10],
-        "rerun_of_id": params[11],
-        "requester": json.loads(params[9]),
-        "submitted_by_id": params[12],
+        "continuation": None
+        if params["continuation"] is None
+        else json.loads(params["continuation"]),
+        "callback_for_id": params["callback_for"],
+        "rerun_of_id": params["rerun_of"],
+        "requester": json.loads(params["requester"]),
+        "submitted_by_id": params["submitted_by"],
         "callback_state": (CallbackState.PENDING if return_to_id else CallbackState.NONE).value,
         "delivery_state": DeliveryState.NONE.value,
         "needs_dispatch": True,
         "obligation_state": (ObligationState.OPEN if root else ObligationState.NONE).value,
-        "obligation_due_at": params[16] if root else None,
+        "obligation_due_at": params["due"] if root else None,
         "obligation_overdue": False,
         "obligation_note": "",
         "created_at": now,
@@ -379,12 +399,14 @@ def _admitted(row: tuple, *, ticket_id: uuid.UUID, params: list, input_json: str
     # The endpoint as the function read it.
     ticket.endpoint = Endpoint.from_db(alias, ["id", "address"], [endpoint_id, canonical_address])
     if return_to_id is not None:
-        ticket.return_to = Endpoint.from_db(alias, ["id", "address"], [return_to_id, row[11]])
+        ticket.return_to = Endpoint.from_db(
+            alias, ["id", "address"], [return_to_id, row["return_to_address"]]
+        )
     return Admitted(ticket=ticket, duplicate=False)
 
 
 def _existing_row(
-    row: tuple, *, dedupe_key: str, sha: str, submitter: AbstractBaseUser | None
+    row: Row, *, dedupe_key: str, sha: str, submitter: AbstractBaseUser | None
 ) -> Admitted:
     """The ticket already holding the key, whole from the function's row,
     with whether the submitter owns its endpoint: a duplicate or a conflict
@@ -395,7 +417,7 @@ def _existing_row(
         and (
             submitter.is_staff
             or (existing.submitted_by_id is not None and existing.submitted_by_id == submitter.id)
-            or bool(row[8])
+            or bool(row["owned"])
         )
     )
     return _duplicate(
@@ -437,13 +459,14 @@ def _from_json(field) -> Any:
 _TICKET_FROM_JSON = [(f.column, _from_json(f)) for f in _TICKET_FIELDS]
 
 
-def _ticket_from_row(row: tuple) -> Ticket:
+def _ticket_from_row(row: Row) -> Ticket:
     """The existing ticket from the statement's duplicate branch (its row as
     one JSON value), as the ORM would load it, with its endpoint, turn and
     return_to as far as the payload reads them (any other field of those
     loads on access)."""
-    endpoint_address = row[3]
-    turn_seq, turn_state, return_to_address, data = row[9:13]
+    endpoint_address = row["address"]
+    turn_seq, turn_state = row["turn_seq"], row["turn_state"]
+    return_to_address, data = row["return_to_address"], row["row"]
     if isinstance(data, str | bytes):  # Django's jsonb loader leaves it text
         data = json.loads(data)
     values = [

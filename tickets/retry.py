@@ -23,7 +23,7 @@ from endpoints.selectors import is_owner
 
 from . import lifecycle
 from .admission import admit_ticket
-from .models import Ticket, TicketState
+from .models import Ticket, TicketEvent, TicketState
 from .selectors import get_visible_ticket
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,16 @@ def retry_ticket(
 
 
 def _check_retryable(ticket: Ticket) -> None:
+    if ticket.state == TicketState.RECOVERING:
+        # Its turn's end (or what its side-effecting calls did) is unknown:
+        # only the case's owner may have it run again (authorize_rerun).
+        case = _open_case(ticket)
+        raise InvalidTransition(
+            f"ticket {ticket.id} is recovering: recovery case {case} is open for it, and only "
+            "an owner's decision on that case (authorize_rerun) may run it again",
+            state=ticket.state,
+            case=case,
+        )
     if ticket.state not in RETRYABLE:
         raise InvalidTransition(
             f"ticket {ticket.id} is {ticket.state}: only a failed, cancelled or orphaned "
@@ -153,3 +163,16 @@ def _check_retryable(ticket: Ticket) -> None:
             f"ticket {ticket.id} was already retried as {retry}: retry that one instead",
             state=ticket.state,
         )
+
+
+def _open_case(ticket: Ticket) -> str | None:
+    """The case the quarantine of this ticket's turn opened (its
+    ``endpoint_quarantined`` event names it: the tickets app does not read
+    recovery's tables)."""
+    detail = (
+        TicketEvent.objects.filter(ticket_id=ticket.id, kind="endpoint_quarantined")
+        .order_by("-id")
+        .values_list("detail", flat=True)
+        .first()
+    )
+    return (detail or {}).get("case")

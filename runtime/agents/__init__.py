@@ -4,7 +4,9 @@ framework over one protocol (``protocol.py``), the memory of an endpoint
 
 A tool that has side effects declares it (Pydantic AI: ``metadata={"side_effect":
 True}``; Agents SDK: a tool named in the runner's ``side_effect_tools``) and
-reads its idempotency key with :func:`idempotency_key` while it runs.
+reads its idempotency key with :func:`idempotency_key` while it runs (and, in
+a re-run of a call whose end nobody saw, that call's key with
+:func:`idempotency_key_in_doubt`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ ADAPTERS = AGENT_ADAPTERS
 
 _idempotency_key: ContextVar[str | None] = ContextVar("claimcheck_idempotency_key", default=None)
 _turn_id: ContextVar[str | None] = ContextVar("claimcheck_turn_id", default=None)
+# This turn's side-effecting calls that carry a key in doubt: their own
+# idempotency key -> the key of the original's call that has no end (set
+# per turn by the runner, filled by its tool hooks).
+_in_doubt: ContextVar[dict[str, str] | None] = ContextVar("claimcheck_in_doubt", default=None)
 
 
 def derive_key(turn_id: str, call_id: str) -> str:
@@ -37,3 +43,14 @@ def idempotency_key(call_id: str | None = None) -> str | None:
         return _idempotency_key.get()
     turn = _turn_id.get()
     return derive_key(turn, call_id) if turn else None
+
+
+def idempotency_key_in_doubt(call_id: str | None = None) -> str | None:
+    """In a re-run (or retry) of a ticket whose turn ended while a call of
+    this same tool had no end: that call's idempotency key, which the
+    system this tool changes may already have seen. Send it beside
+    :func:`idempotency_key` so a repeat is recognised; None when no call is
+    in doubt. Called as :func:`idempotency_key` is."""
+    key = idempotency_key(call_id)
+    doubts = _in_doubt.get()
+    return doubts.get(key) if key and doubts else None

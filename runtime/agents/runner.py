@@ -41,7 +41,7 @@ from core import secrets
 from core.canonical import canonical_json
 
 from ..runners import Child, Outcome, Resume, RunnerError, TurnContext, Wait
-from . import ADAPTERS, _turn_id, derive_key, memory
+from . import ADAPTERS, _in_doubt, _turn_id, derive_key, memory
 from .protocol import Adapter, AgentStep, AgentTurn, Answer, ToolHooks, cancellable, digest
 
 log = logging.getLogger(__name__)
@@ -297,11 +297,30 @@ def _hooks(ctx: TurnContext) -> ToolHooks:
             out[f"{prefix}_artifact"] = pointer["uri"]
         return out
 
+    # The original's calls in doubt, each claimed by the first call of the
+    # same tool here (the same arguments first).
+    unclaimed = [dict(c) for c in ctx.keys_in_doubt if c.get("idempotency_key")]
+
+    def claim(tool: str, args_sha256: str) -> str | None:
+        same = [c for c in unclaimed if c.get("tool") == tool]
+        match = next((c for c in same if c.get("args_sha256") == args_sha256), None)
+        match = match or (same[0] if same else None)
+        if match is None:
+            return None
+        unclaimed.remove(match)
+        return match["idempotency_key"]
+
     def started(tool: str, call_id: str, args: Any, side_effect: bool) -> str | None:
         key = idempotency_key(call_id) if side_effect else None
-        event = {"kind": "tool_started", "tool": tool, "call_id": call_id, **_payload("args", args)}
+        payload = _payload("args", args)
+        event = {"kind": "tool_started", "tool": tool, "call_id": call_id, **payload}
         if side_effect:
             event.update(side_effect=True, idempotency_key=key)
+            doubt = claim(tool, payload["args_sha256"])
+            doubts = _in_doubt.get()
+            if doubt is not None and doubts is not None:
+                doubts[key] = doubt
+                event["idempotency_key_in_doubt"] = doubt
         ctx.record(event)
         return key
 
@@ -345,6 +364,7 @@ def _run_and_conclude(
     seen: dict[str, float] = {}
     # Every task of the run copies this context: a tool finds its turn here.
     _turn_id.set(str(ctx.turn_id))
+    _in_doubt.set({})
     try:
         step: AgentStep = asyncio.run(cancellable(adapter.run(agent, turn), ctx._interrupt, seen))
     except asyncio.CancelledError:

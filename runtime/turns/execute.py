@@ -25,11 +25,12 @@ from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
 from .. import registry, runners, running
 from ..models import ContextEntry, Turn
 from ..runners import Outcome, TurnContext
-from .budgets import BudgetWatch
+from .budgets import WORKER_ACTOR, BudgetWatch
 from .finish import Finished, finish_turn
 from .heartbeats import Heartbeater
 from .held import held
-from .receipts import record_turn_event
+from .quarantine import quarantine_side_effect_in_doubt
+from .receipts import MAX_OPEN_CALLS, keys_in_doubt, open_side_effect_calls, record_turn_event
 from .start import Started, start_turn, started_by
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,10 @@ def _run_one(
         _continuation_of=lambda other: _read_with_retry(
             lambda: waiting_on(endpoint.id, other), what=f"continuation for turn {turn.id}"
         ),
+        keys_in_doubt=_read_with_retry(
+            lambda: keys_in_doubt(ticket=ticket, runner=endpoint.runner),
+            what=f"keys in doubt for turn {turn.id}",
+        ),
     )
     log.info(
         "turn %s seq %s started for ticket %s on %s", turn.id, turn.seq, ticket.id, endpoint.address
@@ -187,6 +192,10 @@ def _run_one(
             log.error("turn %s: no stop evidence (%s)", turn.id, outcome.evidence)
             watch.quarantine_unproven()
             return turn.id, None
+        if _ended_unreported(outcome) and _side_effect_in_doubt(turn, endpoint.runner, outcome):
+            # The process is gone, but whether its open calls took effect is
+            # not known: an owner's case, never a failure anyone may retry.
+            return turn.id, None
         if outcome.kind == "stopped":
             # Stopped by the flag this worker raised: the interrupt is in the
             # ledger before the finish, which then records why (timed out).
@@ -210,6 +219,42 @@ def _run_one(
             registry.slot_idle()
         beater.stop()
     return turn.id, finished.started
+
+
+def _ended_unreported(outcome: Outcome) -> bool:
+    """The turn's process ended without reporting how its work ended: it
+    died (``runner_died``) or the escalation killed it (``process_exit``)."""
+    if outcome.kind == "failure":
+        return isinstance(outcome.error, dict) and outcome.error.get("code") == "runner_died"
+    return outcome.kind == "stopped" and (outcome.evidence or {}).get("kind") == "process_exit"
+
+
+def _side_effect_in_doubt(turn: Turn, runner: dict[str, Any], outcome: Outcome) -> bool:
+    """True when the turn's side-effecting tool calls without an end made
+    it a recovery case (``quarantine_side_effect_in_doubt``); False when
+    there were none (the outcome is finished as it is) or another process
+    ended the turn first."""
+    calls = _read_with_retry(
+        lambda: open_side_effect_calls(ticket_id=turn.ticket_id, turn_id=turn.id, runner=runner),
+        what=f"open tool calls of turn {turn.id}",
+    )
+    if not calls:
+        return False
+    # How the process ended (pid, signal or exit code, a crash's bounded
+    # traceback): the turn_uncertain event keeps it for the owner.
+    exit_ = dict(outcome.error if outcome.kind == "failure" else outcome.evidence["detail"])
+    case = retry_transient(
+        lambda: quarantine_side_effect_in_doubt(
+            turn_id=turn.id,
+            seq=turn.seq,
+            open_calls=calls[:MAX_OPEN_CALLS],
+            exit=exit_,
+            actor=WORKER_ACTOR,
+        ),
+        what=f"quarantine of turn {turn.id}",
+        max_s=settings.FINISH_RETRY_MAX_S,
+    )
+    return case is not None
 
 
 # The turns this process runs right now, with their interrupt flags: the

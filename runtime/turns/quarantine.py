@@ -57,27 +57,99 @@ def quarantine_turn(*, turn_id: uuid.UUID, actor: str = "sweeper") -> uuid.UUID 
             f"{turn.interrupt_requested_at.isoformat()} and gave no stop evidence within "
             f"{turn.endpoint.interrupt_grace_s:g}s"
         )
-        lifecycle.transition(
-            ticket_id=turn.ticket_id,
-            expected=TicketState.RUNNING,
-            to=TicketState.RECOVERING,
-            kind="turn_uncertain",
-            actor=actor,
-            turn_id=turn.id,
-            detail={"reason": reason},
+        case_id = _quarantine(turn=turn, reason=reason, actor=actor, at=now)
+    log.error("endpoint %s quarantined: %s (case %s)", turn.endpoint.address, reason, case_id)
+    return case_id
+
+
+def quarantine_side_effect_in_doubt(
+    *,
+    turn_id: uuid.UUID,
+    seq: int,
+    open_calls: list[dict[str, Any]],
+    exit: dict[str, Any],  # noqa: A002 - the process's exit, as the runner saw it
+    actor: str,
+) -> uuid.UUID | None:
+    """The turn's process ended without an outcome (it died, or the
+    escalation killed it) while side-effecting tool calls had no end: the
+    stop is proven, what the calls did is not. An owner decides, exactly as
+    for a turn with no stop evidence: the turn ``uncertain``, the ticket
+    ``recovering`` (so no retry can run the call again behind the owner's
+    back), the endpoint ``quarantined`` and the case opened by the case
+    keeper, in one transaction; the open calls (tool, call id, idempotency
+    key) are in the case's reason and the ``turn_uncertain`` event. Only for
+    this exact turn and ``seq`` while it is still running or interrupting;
+    None otherwise (another ended or quarantined it first)."""
+    turn = Turn.objects.filter(id=turn_id).first()
+    if turn is None:
+        return None
+    now = timezone.now()
+    with transaction.atomic():
+        Ticket.objects.select_for_update().get(id=turn.ticket_id)
+        EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
+        turn = (
+            Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn_id)
         )
-        case_id = case_keeper().open_case_for_uncertain_turn(turn=turn, reason=reason, at=now)
-        Endpoint.objects.filter(id=turn.endpoint_id).update(
-            state=EndpointState.QUARANTINED, quarantine_case=case_id
+        if not Turn.objects.filter(
+            id=turn.id, seq=seq, state__in=(TurnState.RUNNING, TurnState.INTERRUPTING)
+        ).update(state=TurnState.UNCERTAIN):
+            return None
+        how = exit.get("signal") or f"exit code {exit.get('returncode')}"
+        calls = "; ".join(
+            f"{c.get('tool')} (call {c.get('call_id')}, idempotency key "
+            f"{c.get('idempotency_key') or 'none'})"
+            for c in open_calls[:MAX_CALLS_NAMED]
         )
-        lifecycle.append_event(
-            ticket_id=turn.ticket_id,
-            kind="endpoint_quarantined",
+        more = len(open_calls) - MAX_CALLS_NAMED
+        reason = (
+            f"turn {turn.seq} ({turn.runner_kind} runner on {turn.worker.get('host')}:"
+            f"{turn.worker.get('pid')}): its process {exit.get('pid')} ended ({how}) without an "
+            f"outcome while side-effecting tool calls had no end: {calls}"
+            + (f" and {more} more" if more > 0 else "")
+            + "; whether they took effect is unknown"
+        )
+        case_id = _quarantine(
+            turn=turn,
+            reason=reason,
             actor=actor,
-            turn_id=turn.id,
-            detail={"case": str(case_id), "endpoint": turn.endpoint.address},
+            at=now,
+            detail={"side_effect_in_doubt": open_calls, "process_exit": exit},
         )
     log.error("endpoint %s quarantined: %s (case %s)", turn.endpoint.address, reason, case_id)
+    return case_id
+
+
+# The open calls a case's reason names one by one (all are in the event).
+MAX_CALLS_NAMED = 5
+
+
+def _quarantine(
+    *, turn: Turn, reason: str, actor: str, at: Any, detail: dict[str, Any] | None = None
+) -> uuid.UUID:
+    """The quarantine of a turn just made ``uncertain``, in the caller's
+    transaction (which holds the ticket, the lock and the turn): the ticket
+    ``running -> recovering``, the case opened by the case keeper, the
+    endpoint ``quarantined`` naming it; the lock stays with the turn."""
+    lifecycle.transition(
+        ticket_id=turn.ticket_id,
+        expected=TicketState.RUNNING,
+        to=TicketState.RECOVERING,
+        kind="turn_uncertain",
+        actor=actor,
+        turn_id=turn.id,
+        detail={"reason": reason, **(detail or {})},
+    )
+    case_id = case_keeper().open_case_for_uncertain_turn(turn=turn, reason=reason, at=at)
+    Endpoint.objects.filter(id=turn.endpoint_id).update(
+        state=EndpointState.QUARANTINED, quarantine_case=case_id
+    )
+    lifecycle.append_event(
+        ticket_id=turn.ticket_id,
+        kind="endpoint_quarantined",
+        actor=actor,
+        turn_id=turn.id,
+        detail={"case": str(case_id), "endpoint": turn.endpoint.address},
+    )
     return case_id
 
 

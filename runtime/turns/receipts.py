@@ -14,6 +14,7 @@ from typing import Any
 
 from core.canonical import canonical_json
 from tickets import lifecycle
+from tickets.models import Ticket, TicketEvent
 
 from ..models import Turn
 
@@ -45,3 +46,53 @@ def record_turn_event(*, turn: Turn, event: dict[str, Any]) -> bool:
         detail=detail,
     )
     return True
+
+
+# The open calls a case records (a turn with more in flight at once is
+# recorded with the first of them and the count).
+MAX_OPEN_CALLS = 50
+
+
+def open_side_effect_calls(*, ticket_id: Any, turn_id: Any, runner: dict[str, Any]) -> list[dict]:
+    """The side-effecting tool calls of one turn whose ``tool_started`` has
+    no ``tool_ended``: the receipt says ``side_effect``, or the runner names
+    the tool in ``side_effect_tools``. Each as ``{call_id, tool,
+    args_sha256, idempotency_key}``, oldest first."""
+    named = set(runner.get("side_effect_tools") or ())
+    started: dict[str, dict[str, Any]] = {}
+    rows = TicketEvent.objects.filter(
+        ticket_id=ticket_id, turn_id=turn_id, kind__in=("tool_started", "tool_ended")
+    ).order_by("id")
+    for kind, detail in rows.values_list("kind", "detail"):
+        call_id = str(detail.get("call_id"))
+        if kind == "tool_started":
+            started[call_id] = detail
+        else:
+            started.pop(call_id, None)
+    return [
+        {
+            "call_id": call_id,
+            "tool": d.get("tool"),
+            "args_sha256": d.get("args_sha256"),
+            "idempotency_key": d.get("idempotency_key"),
+        }
+        for call_id, d in started.items()
+        if d.get("side_effect") or d.get("tool") in named
+    ]
+
+
+def keys_in_doubt(*, ticket: Ticket, runner: dict[str, Any]) -> list[dict[str, Any]]:
+    """For a re-run an owner authorised (``rerun_of``) or a retry
+    (``retry_of``): the side-effecting calls of the original ticket's turns
+    that never recorded an end, with the idempotency key each ran under, so
+    the new turn's tools can tell the system they change that this call may
+    be a repeat. Empty for any other ticket (no query)."""
+    original = ticket.rerun_of_id or ticket.retry_of_id
+    if original is None:
+        return []
+    turns = Turn.objects.filter(ticket_id=original).order_by("seq").values_list("id", flat=True)
+    calls: list[dict[str, Any]] = []
+    for turn_id in turns:
+        for call in open_side_effect_calls(ticket_id=original, turn_id=turn_id, runner=runner):
+            calls.append({**call, "ticket": str(original), "turn": str(turn_id)})
+    return calls[:MAX_OPEN_CALLS]

@@ -80,6 +80,15 @@ def test_admission_documents_its_own_refusals(schema):
     assert {"409", "423", "429"} <= responses.keys()
 
 
+def test_retry_documents_its_refusals(schema):
+    """A recovering ticket's retry is 409 naming the case; the retry is an
+    admission, so a quarantined endpoint (423) and a full trace (429) too."""
+    responses = schema["paths"]["/api/v1/tickets/{ticket_id}/retry"]["post"]["responses"]
+    assert {"409", "423", "429"} <= responses.keys()
+    error = schema["components"]["schemas"]["ErrorOut"]["properties"]["case"]
+    assert "retry" in error["description"]
+
+
 def test_error_out_names_every_documented_code(schema):
     error_out = schema["components"]["schemas"]["ErrorOut"]
     assert set(error_out["required"]) == {"error", "detail"}

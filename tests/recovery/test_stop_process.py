@@ -100,6 +100,19 @@ def test_the_owner_stops_the_process_of_a_decided_inline_turn(
     assert Ticket.objects.filter(id=echo.id, state="succeeded").exists()
     kinds = list(Ticket.objects.get(id=stuck.id).events.values_list("kind", flat=True))
     assert "process_stop_requested" in kinds
+    # A deliberate act is no alert: the pool's lines about the process it
+    # lost are WARNING naming the owner's decision, with no traceback.
+    decision = decided.json()["id"]
+
+    def lost_lines() -> list[str]:
+        log = celery_procs.log("turns").decode(errors="replace")
+        return [line for line in log.splitlines() if "WorkerLostError" in line]
+
+    lines = wait_for(lost_lines, timeout=20, message="the pool's line about the lost process")
+    assert all(" WARNING " in line and decision in line for line in lines), lines
+    log = celery_procs.log("turns").decode(errors="replace")
+    assert "Traceback" not in log
+    assert not [line for line in log.splitlines() if " ERROR " in line and "exited" in line]
 
 
 def _decided(owner_api, case_id) -> None:
