@@ -180,19 +180,29 @@ def run_tool(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool
 
 @cache
 def _server():
-    """The SDK's low-level server: the tools above, nothing else (no
-    resources, prompts or sessions)."""
+    """The SDK's low-level server: the tools above and the tasks extension
+    (config/mcp_tasks.py), nothing else (no resources, prompts or sessions)."""
     import mcp_types as types
     from asgiref.sync import sync_to_async
     from mcp.server.lowlevel import Server
 
+    from . import mcp_tasks
+
     async def list_tools(ctx, params) -> types.ListToolsResult:
         return types.ListToolsResult(tools=definitions())
 
-    async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        payload, error = await sync_to_async(run_tool, thread_sensitive=True)(
-            params.name, params.arguments or {}
-        )
+    async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult | dict:
+        if params.name == mcp_tasks.TOOL and mcp_tasks.requested(ctx):
+            answer = await sync_to_async(mcp_tasks.submit, thread_sensitive=True)(
+                params.arguments or {}
+            )
+            if isinstance(answer, dict):  # a task handle (config/mcp_tasks.py)
+                return answer
+            payload, error = answer
+        else:
+            payload, error = await sync_to_async(run_tool, thread_sensitive=True)(
+                params.name, params.arguments or {}
+            )
         # The structured result, and the same JSON as text for clients
         # that read only text.
         return types.CallToolResult(
@@ -201,7 +211,7 @@ def _server():
             is_error=error,
         )
 
-    return Server(
+    server = Server(
         "claimcheck",
         version="1",
         title="Claimcheck",
@@ -210,6 +220,8 @@ def _server():
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+    mcp_tasks.register(server)
+    return server
 
 
 async def _exchange(scope: dict[str, Any], body: bytes) -> tuple[int, list, bytes]:

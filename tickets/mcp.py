@@ -176,7 +176,9 @@ TOOLS = [
             "Ask an endpoint to do work: admits a ticket (POST /api/v1/tickets) and returns it. "
             "dedupe_key is required: the same key and input return the same ticket "
             "(duplicate: true). With wait_s the call waits up to that long for a terminal "
-            "state. The work runs asynchronously: follow it with wait_for_ticket or get_ticket."
+            "state. The work runs asynchronously: follow it with wait_for_ticket or get_ticket. "
+            "A request that declares the MCP tasks extension gets a task (its id the ticket's) "
+            "while the ticket has not finished (docs/mcp.md, Tasks)."
         ),
         params=SubmitIn,
         output=TicketOut,
