@@ -175,7 +175,7 @@ BEGIN
     IF v_to <> 'waiting' AND (t.parent_id IS NULL
             OR (t.rerun_of_id IS NOT NULL AND t.obligation_state <> 'none')) THEN
         SELECT o_id, o_mode, o_state, o_due INTO v_del_id, v_del_mode, v_del_state, v_del_due
-        FROM claimcheck_open_delivery(t.id, p_delivery, v_now);
+        FROM claimcheck_open_delivery(p_ticket => t.id, p_delivery => p_delivery, p_now => v_now);
         IF v_del_id IS NOT NULL THEN
             v_opened_json := jsonb_build_object('mode', v_del_mode, 'state', v_del_state);
             v_detail := v_detail || jsonb_build_object('delivery_opened', v_opened_json);
@@ -233,11 +233,12 @@ BEGIN
     --    ticket first, the message's ticket marked when another starts or
     --    none does), the new turn carrying this worker's task id. Nothing is
     --    then left to publish.
-    v_next := claimcheck_release_lock(p_endpoint, u.id);
+    v_next := claimcheck_release_lock(p_endpoint => p_endpoint, p_turn => u.id);
     IF v_next IS NOT NULL AND p_next_turn IS NOT NULL THEN
         SELECT s.o_endpoint, s.o_turn, s.o_ticket INTO v_started
-        FROM claimcheck_start_turn(v_next, p_next_turn, p_task, p_worker,
-            p_next_token_sha256, p_next_actor, p_node, p_pid) s;
+        FROM claimcheck_start_turn(p_ticket => v_next, p_turn => p_next_turn,
+            p_task => p_task, p_worker => p_worker, p_token_sha256 => p_next_token_sha256,
+            p_actor => p_next_actor, p_node => p_node, p_pid => p_pid) s;
         IF FOUND THEN
             o_next_endpoint := v_started.o_endpoint;
             o_next_turn := v_started.o_turn;

@@ -12,7 +12,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'lock of endpoint % is not held by turn %', p_endpoint, p_turn;
     END IF;
-    v_next := claimcheck_next_ticket(p_endpoint);
+    v_next := claimcheck_next_ticket(p_endpoint => p_endpoint);
     RETURN v_next;
 END
 $fn$;
