@@ -116,6 +116,7 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "GET /tickets": {404},  # an unknown endpoint filter
     "GET /tickets/{ticket_id}": set(),
     "GET /tickets/{ticket_id}/events": set(),
+    "GET /tickets/{ticket_id}/stream": {429},
     "GET /tickets/{ticket_id}/lineage": set(),
     "POST /tickets/{ticket_id}/cancel": {409},
     "POST /tickets/{ticket_id}/approve": {409},
