@@ -212,3 +212,56 @@ def test_the_streaming_example_runs_against_the_demo_agent(server, api_key, work
     assert any(" tool_started: slow(" in line for line in lines), done.stdout
     assert any(" tool_ended: slow ok in " in line for line in lines), done.stdout
     assert "end: succeeded" in lines, done.stdout
+
+
+def test_the_parser_reads_ids_kinds_comments_and_multi_line_data():
+    from claimcheck_client._sse import Parser
+
+    parser = Parser()
+    lines = [
+        "retry: 1000", "",  # no data: no step
+        ": keep-alive", "",
+        "id: 7", "event: tool_started", 'data: {"kind": "tool_started",', 'data: "detail": {}}', "",
+        "event: delta", 'data: {"text": "hel"}', "",
+        "id: x1", "event: odd", "data: {}", "",  # an id that is not a number is not one
+        "event: end", 'data: {"state": "succeeded"}', "",
+    ]  # fmt: skip
+    steps = [s for s in map(parser.feed, lines) if s is not None]
+    assert [(s.kind, s.id) for s in steps] == [
+        ("tool_started", 7), ("delta", None), ("odd", None), ("end", None)
+    ]  # fmt: skip
+    assert steps[0].data == {"kind": "tool_started", "detail": {}}
+    assert steps[1].event is None and steps[-1].is_end
+
+
+def test_the_async_client_resumes_a_stream_ended_at_its_max_duration(
+    server, api_key, endpoint, settings
+):
+    import asyncio
+
+    settings.STREAM_MAX_S = 0.3
+    address = endpoint("stream.async-short")  # no worker: queued until cancelled
+    opened: list[httpx.Request] = []
+
+    async def log(request: httpx.Request) -> None:
+        if request.url.path.endswith("/stream"):
+            opened.append(request)
+
+    async def run() -> list[Step]:
+        async with AsyncClient(server, api_key) as cc:
+            cc._http.event_hooks["request"].append(log)
+            ticket = await cc.submit(address, {"n": 1})
+
+            async def cancel_after_reconnects() -> None:
+                while len(opened) < 3:
+                    await asyncio.sleep(0.05)
+                await cc.cancel(ticket.id)
+
+            canceller = asyncio.create_task(cancel_after_reconnects())
+            steps = [s async for s in cc.stream(ticket.id)]
+            await canceller
+            return steps
+
+    steps = asyncio.run(asyncio.wait_for(run(), timeout=30))
+    assert [s.kind for s in steps] == ["admitted", "cancelled", "end"]
+    assert all(r.headers.get("Last-Event-ID") == str(steps[0].id) for r in opened[1:-1])
