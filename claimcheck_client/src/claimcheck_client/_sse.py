@@ -12,6 +12,9 @@ from .models import Event
 # A read that gets nothing for this long (the server's heartbeat is 15 s)
 # is a dead connection: the client reconnects.
 READ_TIMEOUT_S = 45.0
+# A stream that ends sooner than this without a step is reconnected after a
+# backoff (a server that cannot hold streams now), not at once.
+QUICK_END_S = 1.0
 
 
 @dataclass(frozen=True)

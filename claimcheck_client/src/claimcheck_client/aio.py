@@ -180,7 +180,9 @@ class AsyncClient:
         ``Last-Event-ID`` after a dropped connection, until ``end``."""
         attempts = Attempts(self.policy)
         last = last_event_id
+        quiet = 0  # streams in a row that ended at once without a step
         while True:
+            opened, got = time.monotonic(), False
             headers = {"Accept": "text/event-stream"}
             if last is not None:
                 headers["Last-Event-ID"] = str(last)
@@ -201,7 +203,7 @@ class AsyncClient:
                         step = parser.feed(line)
                         if step is None:
                             continue
-                        attempts = Attempts(self.policy)  # it answers: a fresh budget
+                        attempts, got = Attempts(self.policy), True  # it answers: a fresh budget
                         if step.id is not None:
                             last = step.id
                         yield step
@@ -212,7 +214,12 @@ class AsyncClient:
                 if delay is None:
                     raise attempts.raise_transport(exc) from exc
                 await asyncio.sleep(delay)
-            # Ended without ``end`` (the server's STREAM_MAX_S): resume.
+                continue
+            # Ended without ``end`` (the server's STREAM_MAX_S): resume, after
+            # a backoff when it ended at once with nothing (never a tight loop).
+            quiet = 0 if got or time.monotonic() - opened >= _sse.QUICK_END_S else quiet + 1
+            if quiet:
+                await asyncio.sleep(self.policy.backoff(quiet - 1))
 
     async def lineage(self, ticket_id: IdLike) -> Lineage:
         return Lineage.from_json(await self._request("GET", f"/tickets/{ticket_id}/lineage"))

@@ -204,7 +204,9 @@ class Client:
         other calls do (``NotFound`` for a stranger's ticket)."""
         attempts = Attempts(self.policy)
         last = last_event_id
+        quiet = 0  # streams in a row that ended at once without a step
         while True:
+            opened, got = time.monotonic(), False
             headers = {"Accept": "text/event-stream"}
             if last is not None:
                 headers["Last-Event-ID"] = str(last)
@@ -225,7 +227,7 @@ class Client:
                         step = parser.feed(line)
                         if step is None:
                             continue
-                        attempts = Attempts(self.policy)  # it answers: a fresh budget
+                        attempts, got = Attempts(self.policy), True  # it answers: a fresh budget
                         if step.id is not None:
                             last = step.id
                         yield step
@@ -236,7 +238,12 @@ class Client:
                 if delay is None:
                     raise attempts.raise_transport(exc) from exc
                 time.sleep(delay)
-            # Ended without ``end`` (the server's STREAM_MAX_S): resume.
+                continue
+            # Ended without ``end`` (the server's STREAM_MAX_S): resume, after
+            # a backoff when it ended at once with nothing (never a tight loop).
+            quiet = 0 if got or time.monotonic() - opened >= _sse.QUICK_END_S else quiet + 1
+            if quiet:
+                time.sleep(self.policy.backoff(quiet - 1))
 
     def lineage(self, ticket_id: IdLike) -> Lineage:
         return Lineage.from_json(self._request("GET", f"/tickets/{ticket_id}/lineage"))
