@@ -120,6 +120,7 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "GET /tickets": {404},  # an unknown endpoint filter
     "GET /tickets/{ticket_id}": set(),
     "GET /tickets/{ticket_id}/events": set(),
+    "GET /tickets/{ticket_id}/stream": {429},
     "GET /tickets/{ticket_id}/lineage": set(),
     "POST /tickets/{ticket_id}/cancel": {409},
     # Both admit a ticket: admission's refusals (a quarantined endpoint, a

@@ -393,6 +393,15 @@ API_WAIT_SLOTS = env.int("API_WAIT_SLOTS", default=2)
 OBLIGATION_SWEEP_INTERVAL_S = env.float(
     "OBLIGATION_SWEEP_INTERVAL_S", default=max(SWEEP_INTERVAL_S, 30.0)
 )
+# Ticket streams (GET /tickets/{id}/stream, tickets/streams.py): one holds a
+# web thread (and one of the process's API_WAIT_SLOTS) for at most
+# STREAM_MAX_S, then ends and the client resumes with Last-Event-ID; a
+# comment every STREAM_HEARTBEAT_S keeps proxies from closing an idle one.
+# A user holds at most RATE_LIMIT_CONCURRENT_STREAMS at once across all
+# web processes (0: no per-user limit); the next is 429 rate_limited.
+STREAM_MAX_S = env.float("STREAM_MAX_S", default=300.0)
+STREAM_HEARTBEAT_S = env.float("STREAM_HEARTBEAT_S", default=15.0)
+RATE_LIMIT_CONCURRENT_STREAMS = env.int("RATE_LIMIT_CONCURRENT_STREAMS", default=2)
 
 # --- Retention (tickets/retention.py; `manage.py prune_ledger`) ------------------------------
 # Off by default (0: keep everything). When set, beat runs prune_ledger every

@@ -54,7 +54,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -274,13 +274,16 @@ def _lease_s() -> float:
     return max(settings.ADMISSION_MAX_WAIT_S, settings.CONSOLE_LIVE_WAIT_S) + LEASE_MARGIN_S
 
 
-def _acquire(kind: str, key: str, limit: int) -> tuple[str | None, int]:
+def _acquire(
+    kind: str, key: str, limit: int, lease_s: float | None = None
+) -> tuple[str | None, int]:
     """Take a lease on ``kind`` for ``key``: ``(member, -1)`` when taken,
     ``(None, held)`` when ``limit`` leases are held already; ``("", -1)``
     when the store is unreachable (fail open: nothing to release)."""
     member = uuid.uuid4().hex
     now = time.time()
-    expiry = now + _lease_s()
+    lease_s = lease_s or _lease_s()
+    expiry = now + lease_s
     name = f"{KEY_PREFIX}:{kind}:{key}"
     try:
         store = storage()
@@ -293,7 +296,7 @@ def _acquire(kind: str, key: str, limit: int) -> tuple[str | None, int]:
         try:
             held = int(
                 store.storage.eval(
-                    _ACQUIRE, 1, name, now, expiry, member, limit, int(_lease_s() * 1000)
+                    _ACQUIRE, 1, name, now, expiry, member, limit, int(lease_s * 1000)
                 )
             )
         except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
@@ -422,6 +425,49 @@ def required_wait_slot(user) -> Iterator[None]:
         if refusal is not None:
             raise refusal
         yield
+
+
+def stream_slot(user) -> Callable[[], None]:
+    """Take what a ticket stream holds for its life (tickets/streams.py):
+    one of this process's ``API_WAIT_SLOTS`` (a stream holds a thread, as
+    a wait does) and one of ``user``'s ``RATE_LIMIT_CONCURRENT_STREAMS``
+    leases, which outlives ``STREAM_MAX_S``. Returns the release (once is
+    enough, twice is harmless); 429 ``rate_limited`` naming the limit that
+    is full, before anything is streamed."""
+    slots = _wait_slots()
+    if slots is None or not slots.acquire(blocking=False):
+        size = max(0, settings.API_WAIT_SLOTS)
+        raise RateLimited(
+            f"the {size} wait slots of this server process are taken (API_WAIT_SLOTS); "
+            "retry when one has answered",
+            limit=size,
+            retry_after=1,
+        )
+    key, member = subject(user), ""
+    limit = settings.RATE_LIMIT_CONCURRENT_STREAMS
+    if limit > 0:
+        lease_s = settings.STREAM_MAX_S + LEASE_MARGIN_S
+        taken, held = _acquire("streams", key, limit, lease_s)
+        if taken is None:
+            slots.release()
+            raise RateLimited(
+                f"{held} streams of this caller are open, its limit "
+                "(RATE_LIMIT_CONCURRENT_STREAMS); retry when one has ended",
+                limit=limit,
+                retry_after=1,
+            )
+        member = taken
+    released = threading.Event()
+
+    def release() -> None:
+        with _State.lock:
+            if released.is_set():
+                return
+            released.set()
+        slots.release()
+        _release("streams", key, member)
+
+    return release
 
 
 class FairShareMiddleware:

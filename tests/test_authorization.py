@@ -388,6 +388,10 @@ MATRIX: dict[tuple[str, str], Row] = {
     ("GET", "/tickets/{ticket_id}/events"): Row(
         lambda w: (f"/tickets/{w.ticket().id}/events", None), SEES_TICKET
     ),
+    # The stream is not read here (its status is the question): a 200 is its first byte.
+    ("GET", "/tickets/{ticket_id}/stream"): Row(
+        lambda w: (f"/tickets/{w.ticket().id}/stream", None), SEES_TICKET
+    ),
     ("GET", "/tickets/{ticket_id}/lineage"): Row(
         lambda w: (f"/tickets/{w.ticket().id}/lineage", None), SEES_TICKET, check=_check_lineage
     ),
@@ -604,7 +608,7 @@ def test_a_strangers_404_is_the_same_as_for_an_unknown_ticket(client):
     world = World()
     ticket = world.ticket()
     missing = "01930000-0000-7000-8000-000000000000"
-    for suffix in ("", "/events", "/lineage"):
+    for suffix in ("", "/events", "/stream", "/lineage"):
         theirs = _call(client, "GET", f"/tickets/{ticket.id}{suffix}", None, world.keys["stranger"])
         unknown = _call(client, "GET", f"/tickets/{missing}{suffix}", None, world.keys["stranger"])
         assert theirs.status_code == unknown.status_code == 404

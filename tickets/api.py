@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from datetime import datetime
@@ -20,7 +21,7 @@ from core.times import as_utc
 from core.transient import TRANSIENT_ERRORS, answer_by, describe, drop_broken_connection
 from endpoints.selectors import resolve_endpoint
 
-from . import admission, delivery, obligations, retry, selectors, traces, waits
+from . import admission, delivery, obligations, retry, selectors, streams, traces, waits
 from . import search as search_terms
 from .models import TERMINAL_STATES, Ticket
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
@@ -216,6 +217,78 @@ def get_ticket(request: HttpRequest, ticket_id: str):
 def get_events(request: HttpRequest, ticket_id: str):
     ticket = visible(request, ticket_id)
     return [selectors.event_payload(e) for e in selectors.ticket_events(ticket.id)]
+
+
+_EVENT_ID = re.compile(r"[0-9]{1,18}")  # a bigint, ASCII digits only
+_STREAM_DOC = {
+    "responses": {
+        200: {
+            "description": "Server-Sent Events: each ledger event of the ticket as `id:` its id, "
+            "`event:` its kind, `data:` the JSON of a `GET /tickets/{id}/events` item; "
+            "`: keep-alive` comments while nothing happens; `event: end` (data "
+            '`{"state": ...}`) once the ticket is terminal. It ends without `end` after '
+            "`STREAM_MAX_S`: reconnect with `Last-Event-ID` (docs/streaming.md).",
+            # OpenAPI 3.2's itemSchema: each SSE message of the stream.
+            "content": {
+                streams.MEDIA_TYPE: {
+                    "itemSchema": {
+                        "type": "object",
+                        "required": ["event", "data"],
+                        "properties": {
+                            "id": {
+                                "type": "string",
+                                "description": "The event's id (none on `delta` and `end`).",
+                            },
+                            "event": {
+                                "type": "string",
+                                "description": "The event's kind, `delta` or `end`.",
+                            },
+                            "data": {
+                                "type": "string",
+                                "description": "JSON: an `EventOut` (`end`: `{state}`).",
+                                "contentMediaType": "application/json",
+                                "contentSchema": {
+                                    "anyOf": [
+                                        {"$ref": "#/components/schemas/EventOut"},
+                                        {
+                                            "type": "object",
+                                            "required": ["state"],
+                                            "properties": {"state": {"type": "string"}},
+                                        },
+                                    ]
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        }
+    }
+}
+
+
+@router.get("/{ticket_id}/stream", response={200: None}, openapi_extra=_STREAM_DOC)
+def stream_ticket(
+    request: HttpRequest,
+    ticket_id: str,
+    last_event_id: int | None = Query(
+        None,
+        ge=0,
+        description="Resume after this event id (the `Last-Event-ID` header wins when both "
+        "are given).",
+    ),
+):
+    """The ticket's steps as they happen, from the ledger (tickets/streams.py):
+    authorised like ``GET /tickets/{id}`` (404 before anything is streamed),
+    then 429 ``rate_limited`` when the caller's streams are at their limit."""
+    ticket = visible(request, ticket_id)
+    header = request.headers.get("Last-Event-ID")
+    if header is not None and header.strip():
+        if not _EVENT_ID.fullmatch(header.strip()):
+            raise Invalid("Last-Event-ID must be an event id (a non-negative integer)")
+        last_event_id = int(header.strip())
+    release = fairshare.stream_slot(request.user)
+    return streams.response(ticket.id, after=last_event_id or 0, release=release)
 
 
 @router.get("/{ticket_id}/lineage", response=LineageOut)

@@ -94,6 +94,14 @@ class Ledger:
             .values_list("kind", flat=True)
         )
 
+    def event_ids(self, ticket_id) -> list[tuple[int, str]]:
+        """The ticket's events as (id, kind), in id order."""
+        from tickets.models import TicketEvent
+
+        return list(
+            TicketEvent.objects.filter(ticket_id=ticket_id).order_by("id").values_list("id", "kind")
+        )
+
     def admit_without_key(self, endpoint: str, input: dict) -> str:  # noqa: A002
         from tickets.admission import admit_ticket
 

@@ -197,7 +197,11 @@ def test_every_success_response_has_a_schema_with_properties(schema):
         successes = {s: r for s, r in op["responses"].items() if s.startswith("2")}
         assert successes, f"{method} {path} documents no success status"
         for status, response in successes.items():
-            body = response.get("content", {}).get("application/json", {}).get("schema")
+            content = response.get("content", {})
+            if "text/event-stream" in content:  # a stream: each message described
+                body = content["text/event-stream"].get("itemSchema")
+            else:
+                body = content.get("application/json", {}).get("schema")
             _described(schema, body or {}, f"{method} {path} {status}", problems)
     assert not problems, "responses without a described body:\n" + "\n".join(problems)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ._sse import Step  # noqa: E402
 from .aio import AsyncClient  # noqa: E402
 from .client import Client  # noqa: E402
 from .errors import (  # noqa: E402
@@ -67,6 +68,7 @@ __all__ = [
     "RateLimited",
     "ReturnTo",
     "StaleTurn",
+    "Step",
     "Ticket",
     "TooLarge",
     "TransportError",

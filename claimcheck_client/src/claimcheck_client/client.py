@@ -11,8 +11,9 @@ from typing import Any
 
 import httpx
 
-from . import _common
+from . import _common, _sse
 from ._retry import Attempts, RetryPolicy
+from ._sse import Step
 from .errors import ClaimcheckError, InvalidTransition
 from .models import Event, Lineage, ReturnTo, Ticket, Turn
 
@@ -192,6 +193,57 @@ class Client:
 
     def events(self, ticket_id: IdLike) -> builtins.list[Event]:
         return [Event.from_json(e) for e in self._request("GET", f"/tickets/{ticket_id}/events")]
+
+    def stream(self, ticket_id: IdLike, last_event_id: int | None = None) -> Iterator[Step]:
+        """The ticket's steps as they happen (``GET /tickets/{id}/stream``):
+        each ledger event after ``last_event_id`` once, transient ``delta``
+        steps, and a final ``end`` step once the ticket is terminal. A
+        dropped connection, or the server ending a long stream, is resumed
+        with ``Last-Event-ID`` (dropped connections count against
+        ``retries`` until a step arrives); an error answer raises as the
+        other calls do (``NotFound`` for a stranger's ticket)."""
+        attempts = Attempts(self.policy)
+        last = last_event_id
+        quiet = 0  # streams in a row that ended at once without a step
+        while True:
+            opened, got = time.monotonic(), False
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            timeout = httpx.Timeout(self.timeout, read=_sse.READ_TIMEOUT_S)
+            try:
+                with self._http.stream(
+                    "GET", f"/tickets/{ticket_id}/stream", headers=headers, timeout=timeout
+                ) as response:
+                    if not response.is_success:
+                        response.read()
+                        delay = attempts.on_response(response)
+                        if delay is None:
+                            attempts.finish(response)
+                        time.sleep(delay or 0)
+                        continue
+                    parser = _sse.Parser()
+                    for line in response.iter_lines():
+                        step = parser.feed(line)
+                        if step is None:
+                            continue
+                        attempts, got = Attempts(self.policy), True  # it answers: a fresh budget
+                        if step.id is not None:
+                            last = step.id
+                        yield step
+                        if step.is_end:
+                            return
+            except httpx.TransportError as exc:
+                delay = attempts.on_transport_error(exc)
+                if delay is None:
+                    raise attempts.raise_transport(exc) from exc
+                time.sleep(delay)
+                continue
+            # Ended without ``end`` (the server's STREAM_MAX_S): resume, after
+            # a backoff when it ended at once with nothing (never a tight loop).
+            quiet = 0 if got or time.monotonic() - opened >= _sse.QUICK_END_S else quiet + 1
+            if quiet:
+                time.sleep(self.policy.backoff(quiet - 1))
 
     def lineage(self, ticket_id: IdLike) -> Lineage:
         return Lineage.from_json(self._request("GET", f"/tickets/{ticket_id}/lineage"))
