@@ -278,7 +278,7 @@ def resume_schedule(
     return get_visible_schedule(schedule.id, user=user), bool(changed)
 
 
-def delete_schedule(*, schedule_id: uuid.UUID | str, user) -> None:
+def delete_schedule(*, schedule_id: uuid.UUID | str, user) -> Schedule:
     """Delete the schedule and its slot records; its tickets stay. A firing
     pass holding the row finishes first (the lock), so no slot is half done."""
     schedule = get_visible_schedule(schedule_id, user=user)
@@ -291,6 +291,9 @@ def delete_schedule(*, schedule_id: uuid.UUID | str, user) -> None:
     log.info(
         "schedule %s of %s deleted by %s", schedule.id, schedule.endpoint.address, user.username
     )
+    # As it was, with nothing left to fire: its payload shows no next slots.
+    schedule.paused, schedule.next_fire_at = True, None
+    return schedule
 
 
 # --- Firing -------------------------------------------------------------------------------------

@@ -111,8 +111,9 @@ def resume_schedule(request: HttpRequest, schedule_id: str):
     return {**schedules.schedule_payload(schedule), "changed": changed}
 
 
-@router.delete("/{schedule_id}", response={204: None})
+@router.delete("/{schedule_id}", response=ScheduleOut)
 def delete_schedule(request: HttpRequest, schedule_id: str):
-    """The schedule and its slot records go; its tickets stay."""
-    schedules.delete_schedule(schedule_id=schedule_id, user=request.user)
-    return Status(204, None)
+    """The schedule and its slot records go; its tickets stay. Answers the
+    schedule as it was (no next fire times, no slots)."""
+    schedule = schedules.delete_schedule(schedule_id=schedule_id, user=request.user)
+    return schedules.schedule_payload(schedule)
