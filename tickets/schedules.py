@@ -12,13 +12,14 @@ by the firing pass being unique.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 from django.conf import settings
@@ -114,6 +115,13 @@ def slot_key(schedule_id: uuid.UUID, slot: datetime) -> str:
     return f"schedule:{schedule_id}:{iso(slot.astimezone(UTC))}"
 
 
+@functools.cache
+def _zones() -> frozenset[str]:
+    """The IANA zone names this host knows (a scan of the zone files: once),
+    less the host-dependent aliases some systems list among them."""
+    return frozenset(available_timezones()) - {"localtime", "posixrules", "Factory"}
+
+
 def validate_spec(*, cron: str | None, every_s: int | None, tz_name: str | None) -> Spec:
     """The schedule's timing, or 400 ``invalid`` saying what is wrong."""
     cron = (cron or "").strip()
@@ -121,6 +129,8 @@ def validate_spec(*, cron: str | None, every_s: int | None, tz_name: str | None)
         raise Invalid("give exactly one of cron and every_s")
     tz_name = tz_name or "UTC"
     try:
+        if tz_name not in _zones():
+            raise ZoneInfoNotFoundError(tz_name)
         tz = ZoneInfo(tz_name)
     except (ZoneInfoNotFoundError, ValueError):
         raise Invalid(f"timezone {tz_name!r} is not an IANA time zone (Europe/Berlin)") from None

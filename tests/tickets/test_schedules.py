@@ -205,6 +205,7 @@ def test_the_slot_history_is_bounded(make_endpoint, olive, settings):
         ({"every_s": 30}, "at least 60"),
         ({"cron": "* * * * * *"}, "1 s apart; slots must be at least 60 s apart"),
         ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, "not an IANA time zone"),
+        ({"cron": "0 9 * * *", "timezone": "localtime"}, "not an IANA time zone"),
     ],
 )
 def test_invalid_timings_are_refused_with_a_clear_detail(
