@@ -369,3 +369,19 @@ def test_cancelling_a_slots_ticket_does_not_fire_the_slot_again(make_endpoint, o
     runtime_services.cancel_ticket(ticket_id=ticket.id, actor="test", reason="not this week")
     assert schedules.fire_due(now=_at(1, 40)).schedules == 0
     assert Ticket.objects.count() == 1
+
+
+def test_readiness_holds_the_schedules_tick_to_the_common_sweep_period(settings):
+    """Beat ticks the schedules every SCHEDULE_TICK_S (1 s), but /readyz
+    allows it three of the common SWEEP_INTERVAL_S: a webhook attempt on the
+    control process must not make a healthy deployment unready."""
+    from django.utils import timezone
+
+    from health.checks import check_sweeps
+    from health.models import SweepRun
+
+    settings.SCHEDULE_TICK_S, settings.SWEEP_INTERVAL_S = 1.0, 5.0
+    now = timezone.now()
+    SweepRun.objects.create(name="schedules", last_finished_at=now - timedelta(seconds=6))
+    (check,) = [c for c in check_sweeps(now=now) if c.name == "sweep:schedules"]
+    assert check.ok and check.data["max_age_s"] == 15
