@@ -280,8 +280,11 @@ def resume_schedule(
     while paused are not caught up (a pause is a decision, not an outage)."""
     schedule = get_visible_schedule(schedule_id, user=user)
     now = now or dj_timezone.now()
+    next_at = Spec.of(schedule).next_slot(now)
+    if next_at is None:
+        raise Invalid(f"schedule {schedule.id} has no slot left in the next {_HORIZON_YEARS} years")
     changed = Schedule.objects.filter(id=schedule.id, paused=True).update(
-        paused=False, next_fire_at=Spec.of(schedule).next_slot(now), updated_at=now
+        paused=False, next_fire_at=next_at, updated_at=now
     )
     if changed:
         log.info("schedule %s resumed by %s", schedule.id, user.username)
@@ -383,22 +386,27 @@ def fire_schedule(
             rows.append(skipped)
         for slot in fire:
             rows.append(_admit_slot(schedule, slot, now))
-        for row in rows:
-            report.add(row.outcome, row.detail.get("skipped", 1) if row.outcome == "skipped" else 1)
         ScheduleSlot.objects.bulk_create(rows, ignore_conflicts=True)
         # No row: next_fire_at was no slot of the spec (cannot happen as it
         # is only ever set from one); move on from now all the same.
         newest = max((r.slot_at for r in rows), default=None)
+        next_at = spec.next_slot(max(now, newest or now))
+        if next_at is None:  # a cron with no slot left in the horizon
+            log.warning("schedule %s has no further slot: paused", schedule.id)
         moved = Schedule.objects.filter(
             id=schedule.id, paused=False, next_fire_at=schedule.next_fire_at
         ).update(
-            next_fire_at=spec.next_slot(max(now, newest or now)),
+            next_fire_at=next_at,
+            paused=next_at is None,
             last_slot_at=newest or schedule.last_slot_at,
             updated_at=now,
         )
         if not moved:  # the row lock makes this unreachable; say so loudly if not
             raise RuntimeError(f"schedule {schedule.id} changed under its row lock")
         _trim(schedule.id)
+    # Counted once committed: a pass rolled back did nothing.
+    for row in rows:
+        report.add(row.outcome, row.detail.get("skipped", 1) if row.outcome == "skipped" else 1)
     return True
 
 
