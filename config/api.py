@@ -106,6 +106,7 @@ def register_routers() -> None:
     from runtime.api import endpoints_router, turns_router, workers_router
     from runtime.api import tickets_router as cancel_router
     from tickets.api import router as tickets_router
+    from tickets.schedules_api import router as schedules_router
 
     # Two routers on each of /endpoints and /tickets, their paths disjoint:
     # an endpoint's record and a ticket's cancel are the runtime's, the
@@ -120,6 +121,7 @@ def register_routers() -> None:
     api.add_router("/recovery", recovery_router)
     api.add_router("/workers", workers_router)
     api.add_router("/proposals", proposals_router)
+    api.add_router("/schedules", schedules_router)
 
 
 register_routers()

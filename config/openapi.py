@@ -136,6 +136,12 @@ ROUTE_ERRORS: dict[str, set[int]] = {
     "POST /turns/{turn_id}/heartbeat": {409},
     "POST /turns/{turn_id}/result": {409},
     "POST /turns/{turn_id}/stopped": {409},
+    "POST /schedules": {404},  # an unknown endpoint
+    "GET /schedules": {404},  # an unknown endpoint filter
+    "GET /schedules/{schedule_id}": set(),
+    "POST /schedules/{schedule_id}/pause": set(),
+    "POST /schedules/{schedule_id}/resume": set(),
+    "DELETE /schedules/{schedule_id}": set(),
     "GET /recovery/cases": set(),
     "GET /recovery/cases/{case_id}": {403},
     "POST /recovery/cases/{case_id}/inspections": {409},

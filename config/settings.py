@@ -415,6 +415,24 @@ RETENTION_PAUSE_RATIO = env.float("RETENTION_PAUSE_RATIO", default=0.0)
 if not 0 <= RETENTION_PAUSE_RATIO <= 10:  # refused at start, not at the day's prune
     raise ValueError("RETENTION_PAUSE_RATIO must be between 0 and 10")
 
+# --- Schedules (tickets/schedules.py, docs/schedules.md) -----------------------
+# Beat's period for firing due slots (the "schedules" sweep, on the control
+# queue): the most a slot fires late while beat and a control worker run.
+SCHEDULE_TICK_S = env.float("SCHEDULE_TICK_S", default=1.0)
+# The shortest every_s (and the shortest gap between a cron's slots) a
+# schedule may have: each slot is a ticket.
+SCHEDULE_MIN_INTERVAL_S = env.int("SCHEDULE_MIN_INTERVAL_S", default=60)
+# catch_up "none": a slot fires if it is at most this late; older missed
+# ones are recorded as skipped. Keep it above SCHEDULE_TICK_S.
+SCHEDULE_GRACE_S = env.float("SCHEDULE_GRACE_S", default=60.0)
+# catch_up "all": at most this many missed slots (the newest) fire in one
+# pass; older ones are recorded as skipped, so an outage never floods an endpoint.
+SCHEDULE_MAX_CATCH_UP = env.int("SCHEDULE_MAX_CATCH_UP", default=100)
+# Slot outcomes kept per schedule (its API and console show the newest).
+SCHEDULE_SLOT_HISTORY = env.int("SCHEDULE_SLOT_HISTORY", default=50)
+# Schedules one pass of the sweep handles (the next tick takes the rest).
+SCHEDULE_BATCH = env.int("SCHEDULE_BATCH", default=200)
+
 # --- Transient faults (core/transient.py) ------------------------------------
 # How long a worker keeps trying to start or finish a turn (record an outcome
 # it knows) through a database outage, with capped backoff, before it gives up

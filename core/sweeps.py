@@ -8,6 +8,8 @@ SWEEP_TASKS = {
     "lost_dispatches": "runtime.sweep_lost_dispatches",
     "deliveries": "tickets.sweep_deliveries",
     "obligations": "tickets.sweep_obligations",
+    # Schedules' due slots (tickets/schedules.py).
+    "schedules": "tickets.sweep_schedules",
 }
 
 
@@ -21,4 +23,5 @@ def sweep_intervals() -> dict[str, float]:
         "lost_dispatches": every,
         "deliveries": every,
         "obligations": settings.OBLIGATION_SWEEP_INTERVAL_S,
+        "schedules": settings.SCHEDULE_TICK_S,
     }

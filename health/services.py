@@ -26,7 +26,12 @@ def record_sweep(*, name: str) -> None:
     from core.sweeps import sweep_intervals
 
     now = timezone.now()
-    gap = timedelta(seconds=sweep_intervals().get(name, 0.0) / 2)
+    # At most the common period's pace (check_sweeps allows as much): the
+    # schedules' one-second tick need not write its row every second.
+    from django.conf import settings
+
+    period = max(sweep_intervals().get(name, 0.0), settings.SWEEP_INTERVAL_S)
+    gap = timedelta(seconds=period / 2)
     if SweepRun.objects.filter(name=name, last_finished_at__lt=now - gap).update(
         last_finished_at=now
     ):

@@ -256,6 +256,19 @@ class World:
 
         return self.once("agent_approval", make)
 
+    def schedule(self) -> str:
+        """A schedule of the owner's endpoint, made by the owner."""
+        from tickets import schedules
+
+        return self.once(
+            "schedule",
+            lambda: str(
+                schedules.create_schedule(
+                    user=self.users["owner"], endpoint=self.endpoint("m.ep"), every_s=3600, input={}
+                ).id
+            ),
+        )
+
     def bearer(self, actor: str) -> str | None:
         if actor == "anonymous":
             return None
@@ -327,6 +340,11 @@ def _check_case_list(world: World, actor: str, body: Any) -> None:
 def _check_review_queue(world: World, actor: str, body: Any) -> None:
     ids = {p["id"] for p in body}
     assert (world.proposal() in ids) == (actor in ("owner", "staff")), ids
+
+
+def _check_schedule_list(world: World, actor: str, body: Any) -> None:
+    ids = {s["id"] for s in body}
+    assert (world.schedule() in ids) == (actor in ("owner", "staff")), ids
 
 
 def _seq(world: World, name: str = "turn") -> int:
@@ -456,6 +474,28 @@ MATRIX: dict[tuple[str, str], Row] = {
         _statuses(stranger=404, submitter=404, owner=409, staff=409),
     ),
     ("GET", "/workers"): Row(lambda w: ("/workers", None), STAFF_ONLY),
+    # Schedules: the endpoint's owners and staff. Everyone may read the
+    # endpoint, so scheduling it is refused (403); someone else's schedule
+    # does not exist (404).
+    ("POST", "/schedules"): Row(
+        lambda w: ("/schedules", {"endpoint": w.endpoint("m.ep"), "every_s": 3600, "input": {}}),
+        _statuses(stranger=403, submitter=403, owner=201, staff=201),
+    ),
+    ("GET", "/schedules"): Row(
+        lambda w: (f"/schedules?{w.schedule()}", None), _statuses(), check=_check_schedule_list
+    ),
+    ("GET", "/schedules/{schedule_id}"): Row(
+        lambda w: (f"/schedules/{w.schedule()}", None), OWNERS_CASE
+    ),
+    ("POST", "/schedules/{schedule_id}/pause"): Row(
+        lambda w: (f"/schedules/{w.schedule()}/pause", None), OWNERS_CASE
+    ),
+    ("POST", "/schedules/{schedule_id}/resume"): Row(
+        lambda w: (f"/schedules/{w.schedule()}/resume", None), OWNERS_CASE
+    ),
+    ("DELETE", "/schedules/{schedule_id}"): Row(
+        lambda w: (f"/schedules/{w.schedule()}", None), OWNERS_CASE
+    ),
     # Governed change: the endpoint's owners and staff; to anyone else it
     # does not exist.
     ("GET", "/endpoints/{address}/generations"): Row(

@@ -475,3 +475,6 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of delivery {self.delivery_id}"
+
+
+from .schedule_models import Schedule, ScheduleSlot  # noqa: E402, F401  (Django finds models here)

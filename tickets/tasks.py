@@ -54,3 +54,13 @@ def prune_ledger() -> None:
             "retention",
             {"pruned_traces": report.counts["traces"], "pruned_tickets": report.counts["tickets"]},
         )
+
+
+@shared_task(name="tickets.sweep_schedules", ignore_result=True)
+def sweep_schedules() -> None:
+    """Beat's schedules tick: admit every due slot (tickets/schedules.py)."""
+    from . import schedules  # here, so the module loads only where beat's tick runs
+
+    with sweep_run("schedules"):
+        fired = schedules.fire_due()
+        observe.swept("schedules", {"schedules": fired.schedules, **fired.outcomes})

@@ -27,6 +27,7 @@ from tickets.models import Ticket, TicketState
 from tickets.selectors import visible_tickets
 
 from .charts import chart_range, endpoint_hour, last_hour
+from .schedules import endpoint_schedules
 
 CONVERSATION_TURNS = 20
 
@@ -58,6 +59,7 @@ def endpoint_page(endpoint: Endpoint, *, user, span: str | None) -> dict[str, An
         "hour": endpoint_hour(endpoint, span=span),
         "throughput": last_hour(user=user, span=span, endpoint=endpoint),
         "cases": endpoint_cases(endpoint, user=user),
+        "schedules": endpoint_schedules(endpoint, user=user) if owner else [],
         "live_token": live_token,
         # Everyone who may submit needs to know whether the agent keeps what
         # they tell it to themselves (runtime/agents/memory.py).

@@ -42,6 +42,15 @@ OWNER, PASSWORD = "demo", "demo-owner"
 LEDGER_APPS = ("tickets", "endpoints", "runtime", "recovery")
 # Agent endpoints (runner kind "agent"): created when their framework is
 # installed (the optional dependency group, e.g. `uv sync --extra pydantic-ai`).
+# The seed's weekly research brief as a schedule (docs/schedules.md): Monday
+# 09:00 UTC, the newest missed week caught up after a downtime.
+WEEKLY_BRIEF = {
+    "endpoint": "demo.research",
+    "cron": "0 9 * * 1",
+    "timezone": "UTC",
+    "input": {"topic": "weekly research brief", "children": 2},
+    "catch_up": "latest",
+}
 AGENT_DEMO = {
     "demo.agent": {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"},
 }
@@ -118,6 +127,7 @@ class Command(BaseCommand):
         else:
             for address in owned:
                 add_owner(address=address, user=owner, actor="command:seed_demo")
+        _weekly_brief(self.stderr)
         key_file = settings.VAR_DIR / "demo_api_key"
         key = key_file.read_text().strip() if key_file.exists() else ""
         prefix = key.split("_")[1] if key.count("_") >= 2 else ""
@@ -172,3 +182,16 @@ def _installed(runner: dict) -> bool:
     except RunnerError:
         return False
     return True
+
+
+def _weekly_brief(stderr) -> None:
+    """The demo owner's weekly brief schedule, once (found by its endpoint and cron)."""
+    from tickets import schedules
+    from tickets.models import Schedule
+
+    brief = WEEKLY_BRIEF
+    if Schedule.objects.filter(endpoint__address=brief["endpoint"], cron=brief["cron"]).exists():
+        return
+    owner = get_user_model().objects.get(username=OWNER)
+    schedule = schedules.create_schedule(user=owner, **brief)
+    stderr.write(f"created schedule {schedule.id} ({brief['cron']} on {brief['endpoint']})")
