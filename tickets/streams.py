@@ -55,7 +55,8 @@ MEDIA_TYPE = "text/event-stream"
 SETTLE_S = 5.0
 # What a browser's EventSource waits before reconnecting (ms).
 RETRY_MS = 1000
-FALLBACK_POLL_S = waits.FALLBACK_POLL_S * 2
+# While the wake-up listener is down, a stream reads its ticket this often.
+FALLBACK_POLL_S = 1.0
 
 
 def message(*, event: str, data: object, id: int | None = None) -> bytes:  # noqa: A002
