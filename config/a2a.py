@@ -176,7 +176,7 @@ def agent_card(request: HttpRequest, endpoint) -> dict[str, Any]:
                 protocol_version=PROTOCOL_VERSION,
             )
         ],
-        capabilities=pb.AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=pb.AgentCapabilities(streaming=True, push_notifications=True),
         default_input_modes=["application/json", "text/plain"],
         default_output_modes=["application/json"],
         skills=[
@@ -350,8 +350,9 @@ def _admit(request: HttpRequest, endpoint, params: dict[str, Any], *, wait_s: fl
             "a message starts a new task (a ticket is one piece of work); "
             "name earlier tasks in referenceTaskIds",
         )
+    requester: dict[str, Any] = {"name": "a2a"}
     if send.configuration.HasField("task_push_notification_config"):
-        raise RpcError(PUSH_NOT_SUPPORTED, "push notifications are not served yet")
+        requester["webhook_url"] = _push_url(send.configuration.task_push_notification_config)
     a2a_meta: dict[str, Any] = {}
     if message.context_id:
         a2a_meta["context_id"] = message.context_id
@@ -362,7 +363,7 @@ def _admit(request: HttpRequest, endpoint, params: dict[str, Any], *, wait_s: fl
             endpoint=endpoint.address,
             dedupe_key=message.message_id or None,
             input=message_input(message),
-            requester={"name": "a2a", "metadata": {"a2a": a2a_meta}},
+            requester={**requester, "metadata": {"a2a": a2a_meta}},
             wait_s=wait_s,
         )
     except ValidationError as exc:
@@ -373,10 +374,34 @@ def _admit(request: HttpRequest, endpoint, params: dict[str, Any], *, wait_s: fl
     return selectors.get_ticket(json.loads(answer.content)["id"])
 
 
-def _task_id(params: dict[str, Any]) -> str:
-    task_id = params.get("id") if isinstance(params, dict) else None
+def _push_url(config) -> str:
+    """A push notification config given with the message: its URL becomes
+    the ticket's webhook (``requester.webhook_url``), the ledger's delivery
+    of each terminal state: signed (Standard Webhooks), retried, held for an
+    owner's approval where the endpoint requires one, and only to hosts
+    ``DELIVERY_ALLOWED_HOSTS`` permits (the API checks the URL)."""
+    if not config.url:
+        raise RpcError(INVALID_PARAMS, "taskPushNotificationConfig.url is required")
+    if config.token or config.HasField("authentication"):
+        raise RpcError(
+            INVALID_PARAMS,
+            "taskPushNotificationConfig: token and authentication are not sent; a delivery "
+            "is signed instead (verify its webhook-signature header, docs/api.md)",
+        )
+    return config.url
+
+
+def push_config(ticket) -> dict[str, Any] | None:
+    url = (ticket.requester or {}).get("webhook_url")
+    if not url:
+        return None
+    return {"id": "webhook", "taskId": str(ticket.id), "url": url}
+
+
+def _task_id(params: dict[str, Any], field: str = "id") -> str:
+    task_id = params.get(field) if isinstance(params, dict) else None
     if not isinstance(task_id, str) or not task_id:
-        raise RpcError(INVALID_PARAMS, "params.id (the task's id) is required")
+        raise RpcError(INVALID_PARAMS, f"params.{field} (the task's id) is required")
     return task_id
 
 
@@ -426,20 +451,42 @@ def cancel_task(request, endpoint, params) -> dict[str, Any]:
     return task_dict(selectors.get_ticket(ticket.id))
 
 
+def get_push_config(request, endpoint, params) -> dict[str, Any]:
+    """``GetTaskPushNotificationConfig``: the ticket's webhook, the one
+    config a task has (id ``webhook``)."""
+    ticket = _visible(request, endpoint, _task_id(params, "taskId"))
+    config = push_config(ticket)
+    if config is None or params.get("id") not in (None, "", "webhook"):
+        raise RpcError(TASK_NOT_FOUND, "the task has no such push notification config")
+    return config
+
+
+def list_push_configs(request, endpoint, params) -> dict[str, Any]:
+    ticket = _visible(request, endpoint, _task_id(params, "taskId"))
+    config = push_config(ticket)
+    return {"configs": [config] if config else []}
+
+
+def change_push_config(request, endpoint, params) -> dict[str, Any]:
+    raise RpcError(
+        PUSH_NOT_SUPPORTED,
+        "a task's push notification is set with the message that starts it "
+        "(SendMessage's configuration.taskPushNotificationConfig): a ticket's "
+        "webhook does not change after admission",
+    )
+
+
 METHODS = {
     "SendMessage": send_message,
     "GetTask": get_task,
     "CancelTask": cancel_task,
+    "GetTaskPushNotificationConfig": get_push_config,
+    "ListTaskPushNotificationConfigs": list_push_configs,
+    "CreateTaskPushNotificationConfig": change_push_config,
+    "DeleteTaskPushNotificationConfig": change_push_config,
 }
 STREAMING = ("SendStreamingMessage", "SubscribeToTask")
-NOT_SERVED = (
-    "ListTasks",
-    "CreateTaskPushNotificationConfig",
-    "GetTaskPushNotificationConfig",
-    "ListTaskPushNotificationConfigs",
-    "DeleteTaskPushNotificationConfig",
-    "GetExtendedAgentCard",
-)
+NOT_SERVED = ("ListTasks", "GetExtendedAgentCard")
 
 
 # --- Streams ------------------------------------------------------------------------------------

@@ -19,13 +19,24 @@ a2a = pytest.importorskip("a2a", reason="the a2a extra (uv sync --all-extras)")
 
 from a2a.client import ClientConfig, create_client  # noqa: E402
 from a2a.types import a2a_pb2 as pb  # noqa: E402
-from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError  # noqa: E402
+from a2a.utils.errors import (  # noqa: E402
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+)
 from google.protobuf.json_format import MessageToDict  # noqa: E402
 
+from claimcheck_client import verify_webhook  # noqa: E402
+from tests.client import conftest as client_fixtures  # noqa: E402
 from tests.client.conftest import Ledger  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+# The webhook receiver and a worker that may deliver to it (tests/client/).
+recorder = client_fixtures.recorder
+delivery_worker = client_fixtures.delivery_worker
+webhook_secret = client_fixtures.webhook_secret
 
 
 def key_of(username: str) -> str:
@@ -309,3 +320,47 @@ def test_a_result_awaiting_an_owner_is_input_required_until_approved(
     }
     assert events[0]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
     assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED", events
+
+
+def delivery_state(dedupe_key: str) -> str:
+    from tickets.models import Ticket
+
+    return Ticket.objects.get(dedupe_key=dedupe_key).delivery_state
+
+
+def test_a_push_config_is_the_tickets_signed_webhook_delivered_once(
+    live_server, make_endpoint, api_key, recorder, delivery_worker, webhook_secret
+):
+    make_endpoint("a2a.hooked")
+    receiver = recorder(200)
+    url = live_server.url
+
+    async def pushed() -> tuple[dict, dict, list]:
+        async with agent(url, "a2a.hooked", api_key) as client:
+            request = data_message("push-1", {"n": 1})
+            request.configuration.task_push_notification_config.url = f"{receiver.url}/hook"
+            (sent,) = await events_of(client.send_message(request))
+            task_id = sent["task"]["id"]
+            config = await client.get_task_push_notification_config(
+                pb.GetTaskPushNotificationConfigRequest(task_id=task_id, id="webhook")
+            )
+            listed = await client.list_task_push_notification_configs(
+                pb.ListTaskPushNotificationConfigsRequest(task_id=task_id)
+            )
+            # A token would never be sent: refused rather than ignored.
+            tokened = data_message("push-2", {"n": 2})
+            tokened.configuration.task_push_notification_config.url = f"{receiver.url}/hook"
+            tokened.configuration.task_push_notification_config.token = "secret"
+            with pytest.raises(InvalidParamsError, match="signed"):
+                await events_of(client.send_message(tokened))
+            return sent["task"], MessageToDict(config), MessageToDict(listed)["configs"]
+
+    task, config, listed = asyncio.run(pushed())
+    assert config == {"id": "webhook", "taskId": task["id"], "url": f"{receiver.url}/hook"}
+    assert listed == [config]
+    wait_for(lambda: delivery_state("push-1") == "delivered", timeout=60, message="the delivery")
+    (body,) = receiver.bodies("/hook")  # one delivery for the one terminal state
+    _, headers, _ = receiver.requests[0]
+    payload = verify_webhook(webhook_secret, headers, body)
+    assert payload["ticket"]["id"] == task["id"]
+    assert payload["ticket"]["result"] == {"echo": {"n": 1}}
