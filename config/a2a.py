@@ -505,6 +505,19 @@ def _status_event(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def task_events(request, request_id: Any, ticket_id) -> Iterator[str]:
+    """``_changes``, ended quietly by a transient fault: the stream's 200 is
+    already sent, so the reader sees the stream end and subscribes again
+    (every state is the ledger's, read afresh then)."""
+    from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
+
+    try:
+        yield from _changes(request, request_id, ticket_id)
+    except TRANSIENT_ERRORS as exc:
+        drop_broken_connection()
+        log.warning("a2a stream of %s ended by a transient fault: %s", ticket_id, describe(exc))
+
+
+def _changes(request, request_id: Any, ticket_id) -> Iterator[str]:
     """Step 3 of the module docstring: the task, then each change until a
     terminal state (the result as an artifact update before its status)."""
     from core import fairshare

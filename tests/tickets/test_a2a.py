@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -364,3 +365,33 @@ def test_a_push_config_is_the_tickets_signed_webhook_delivered_once(
     payload = verify_webhook(webhook_secret, headers, body)
     assert payload["ticket"]["id"] == task["id"]
     assert payload["ticket"]["result"] == {"echo": {"n": 1}}
+
+
+@pytest.mark.django_db
+def test_an_outage_is_the_apis_503_and_the_same_message_id_is_safe_to_retry(
+    client, api_key, make_endpoint
+):
+    from tests.test_unavailable import assert_unavailable_json, database_down
+
+    make_endpoint("a2a.down")  # no worker: the ticket stays queued
+    send = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {
+            "message": {"messageId": "down-1", "role": "ROLE_USER", "parts": [{"text": "x"}]},
+            "configuration": {"returnImmediately": True},
+        },
+    }
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {api_key}"}
+
+    def post():
+        return client.post("/a2a/a2a.down", json.dumps(send), "application/json", **headers)
+
+    with database_down():  # while the key is checked
+        assert_unavailable_json(post())
+    with database_down(lambda sql: "claimcheck_admit" in sql):  # inside the admission
+        assert_unavailable_json(post())
+    first, again = post().json(), post().json()
+    assert first["result"]["task"]["id"] == again["result"]["task"]["id"]
+    assert len(Ledger().tickets(dedupe_key="down-1")) == 1
