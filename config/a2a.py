@@ -32,6 +32,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -117,10 +118,24 @@ def rpc_error(exc: DomainError | Http404, *, task: bool = False) -> RpcError:
 # --- The caller and the agent ------------------------------------------------------------------
 
 
+@cache
+def _sdk_installed() -> bool:
+    try:
+        import a2a.types  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _caller(request: HttpRequest) -> HttpResponse | None:
-    """Step 1: the API's authentication; an answer when refused."""
+    """Step 1: the API's authentication; an answer when refused. Without
+    the SDK (the optional extra ``a2a``) there are no agents at all."""
     from accounts.auth import ApiKeyAuth
 
+    if not _sdk_installed():
+        return error_response(
+            404, "not_found", "A2A is not installed on this server (the optional extra 'a2a')"
+        )
     try:
         caller = ApiKeyAuth()(request)
     except RateLimited as exc:  # the key's requests in flight, as on the API

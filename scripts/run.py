@@ -9,7 +9,8 @@ virtual environment exists, and installs it (step 1).
 Steps, each printed with its time:
 
 1. install: ``uv sync`` without the dev and test groups (with the
-   ``pydantic-ai`` extra, for ``demo.agent``), into ``.venv/``,
+   ``pydantic-ai`` extra, for ``demo.agent``, and ``a2a``, for the A2A
+   agents), into ``.venv/``,
    when pyproject.toml or uv.lock is newer than ``.venv/.run-installed``
    (``make install``'s marker, for the test tools, is another file).
 2. servers: the PostgreSQL cluster (``var/pgdata``) and the Redis server
@@ -134,7 +135,7 @@ def install() -> str:
     # compile Django and Celery from source again at each start.
     done = subprocess.run(
         [uv, "sync", "--frozen", "--python", "python3", "--no-dev", "--inexact",
-         "--extra", "pydantic-ai", "--compile-bytecode", "--quiet"],
+         "--extra", "pydantic-ai", "--extra", "a2a", "--compile-bytecode", "--quiet"],
         cwd=ROOT,
     )  # fmt: skip
     if done.returncode:
