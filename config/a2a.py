@@ -291,12 +291,16 @@ def task_dict(ticket) -> dict[str, Any]:
         state = "TASK_STATE_INPUT_REQUIRED"
         claimcheck["waiting_for"] = "owner_approval"
     if ticket.state in ("recovering", "orphaned"):
-        claimcheck["recovery"] = {
-            "state": ticket.state,
-            "case": str(ticket.endpoint.quarantine_case)
-            if ticket.endpoint.quarantine_case
-            else None,
-        }
+        from recovery.models import RecoveryCase
+
+        # The newest case of this ticket (a re-run's case names the re-run).
+        case = (
+            RecoveryCase.objects.filter(ticket_id=ticket.id)
+            .order_by("-opened_at")
+            .values_list("id", flat=True)
+            .first()
+        )
+        claimcheck["recovery"] = {"state": ticket.state, "case": str(case) if case else None}
     status: dict[str, Any] = {"state": state, "timestamp": ticket.updated_at.isoformat()}
     if ticket.error is not None and state == "TASK_STATE_FAILED":
         status["message"] = {

@@ -395,3 +395,19 @@ def test_an_outage_is_the_apis_503_and_the_same_message_id_is_safe_to_retry(
     first, again = post().json(), post().json()
     assert first["result"]["task"]["id"] == again["result"]["task"]["id"]
     assert len(Ledger().tickets(dedupe_key="down-1")) == 1
+
+
+def test_a_ticket_in_recovery_is_a_failed_task_naming_its_case(live_server, make_endpoint, api_key):
+    make_endpoint("a2a.stuck", path="runtime.demo.stuck", interrupt_grace_s=0.05)
+    case = Ledger().quarantine("a2a.stuck")
+    (ticket,) = Ledger().tickets(endpoint__address="a2a.stuck")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": str(ticket["id"])}}
+    answer = httpx.post(
+        f"{live_server.url}/a2a/a2a.stuck",
+        json=body,
+        headers={"Authorization": f"Bearer {api_key}"},
+    )
+    task = answer.json()["result"]
+    assert task["status"]["state"] == "TASK_STATE_FAILED"
+    assert task["metadata"]["claimcheck"]["state"] == "recovering"
+    assert task["metadata"]["claimcheck"]["recovery"] == {"state": "recovering", "case": case}
