@@ -28,6 +28,7 @@ start (its protobuf descriptors cost every other process nothing then).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -171,8 +172,8 @@ def agent_card(request: HttpRequest, endpoint) -> dict[str, Any]:
     """The endpoint's agent card: its address as the name, its notes as the
     description, one skill naming its runner's kind (and an agent's
     framework; no other runner setting, which are the owners')."""
+    from a2a.server.request_handlers.response_helpers import agent_card_to_dict
     from a2a.types import a2a_pb2 as pb
-    from google.protobuf.json_format import MessageToDict
 
     runner = endpoint.runner if isinstance(endpoint.runner, dict) else {}
     kind = str(runner.get("kind") or "python")
@@ -184,12 +185,15 @@ def agent_card(request: HttpRequest, endpoint) -> dict[str, Any]:
         name=endpoint.address,
         description=description,
         version=str(endpoint.generation),
+        # One URL answers both: 1.0 first, which 1.x clients take; the 0.3
+        # names are served too (the card then carries 0.3's own fields).
         supported_interfaces=[
             pb.AgentInterface(
                 url=request.build_absolute_uri(f"/a2a/{endpoint.address}"),
                 protocol_binding="JSONRPC",
-                protocol_version=PROTOCOL_VERSION,
+                protocol_version=version,
             )
+            for version in (PROTOCOL_VERSION, "0.3")
         ],
         capabilities=pb.AgentCapabilities(streaming=True, push_notifications=True),
         default_input_modes=["application/json", "text/plain"],
@@ -213,7 +217,8 @@ def agent_card(request: HttpRequest, endpoint) -> dict[str, Any]:
         },
         security_requirements=[pb.SecurityRequirement(schemes={"bearer": pb.StringList()})],
     )
-    return MessageToDict(card)
+    # The SDK's own serialisation: the 1.0 card with 0.3's fields merged in.
+    return agent_card_to_dict(card)
 
 
 @csrf_exempt
@@ -508,11 +513,91 @@ STREAMING = ("SendStreamingMessage", "SubscribeToTask")
 NOT_SERVED = ("ListTasks", "GetExtendedAgentCard")
 
 
+# --- The 0.3 names --------------------------------------------------------------------------------
+#
+# A2A 0.3 clients (``message/send``, lower-case states, ``kind`` fields) reach
+# the same methods: their request is parsed with the SDK's 0.3 models and
+# converted by its own compatibility layer, and every answer converted back.
+
+V03_METHODS = {
+    "message/send": "SendMessage",
+    "message/stream": "SendStreamingMessage",
+    "tasks/get": "GetTask",
+    "tasks/cancel": "CancelTask",
+    "tasks/resubscribe": "SubscribeToTask",
+    "tasks/pushNotificationConfig/get": "GetTaskPushNotificationConfig",
+    "tasks/pushNotificationConfig/list": "ListTaskPushNotificationConfigs",
+    "tasks/pushNotificationConfig/set": "CreateTaskPushNotificationConfig",
+    "tasks/pushNotificationConfig/delete": "DeleteTaskPushNotificationConfig",
+}
+
+
+def v03_params(method: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A 0.3 request's params as the 1.0 method's."""
+    from a2a.compat.v0_3 import conversions as to
+    from a2a.compat.v0_3 import types as v03
+    from google.protobuf.json_format import MessageToDict
+
+    model, convert = {
+        "message/send": (v03.SendMessageRequest, to.to_core_send_message_request),
+        "message/stream": (v03.SendStreamingMessageRequest, to.to_core_send_message_request),
+        "tasks/get": (v03.GetTaskRequest, to.to_core_get_task_request),
+        "tasks/cancel": (v03.CancelTaskRequest, to.to_core_cancel_task_request),
+        "tasks/resubscribe": (v03.TaskResubscriptionRequest, to.to_core_subscribe_to_task_request),
+        "tasks/pushNotificationConfig/get": (
+            v03.GetTaskPushNotificationConfigRequest,
+            to.to_core_get_task_push_notification_config_request,
+        ),
+        "tasks/pushNotificationConfig/list": (
+            v03.ListTaskPushNotificationConfigRequest,
+            to.to_core_list_task_push_notification_config_request,
+        ),
+    }.get(method, (None, None))
+    if model is None:  # set and delete: refused whatever they carry
+        return {}
+    try:
+        return MessageToDict(convert(model.model_validate(body)))
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise RpcError(INVALID_PARAMS, f"params: {exc}") from exc
+
+
+def v03_result(method: str, result: dict[str, Any]) -> Any:
+    """A 1.0 method's result (or stream event) in 0.3's shape."""
+    from a2a.compat.v0_3 import conversions as to
+    from a2a.types import a2a_pb2 as pb
+    from google.protobuf.json_format import ParseDict
+
+    if "task" in result and method in ("message/send", "message/stream", "tasks/resubscribe"):
+        converted = to.to_compat_task(ParseDict(result["task"], pb.Task()))
+    elif "statusUpdate" in result:
+        event = ParseDict(result["statusUpdate"], pb.TaskStatusUpdateEvent())
+        converted = to.to_compat_task_status_update_event(event)
+    elif "artifactUpdate" in result:
+        event = ParseDict(result["artifactUpdate"], pb.TaskArtifactUpdateEvent())
+        converted = to.to_compat_task_artifact_update_event(event)
+    elif method in ("tasks/get", "tasks/cancel"):
+        converted = to.to_compat_task(ParseDict(result, pb.Task()))
+    elif method == "tasks/pushNotificationConfig/get":
+        config = ParseDict(result, pb.TaskPushNotificationConfig())
+        converted = to.to_compat_task_push_notification_config(config)
+    elif method == "tasks/pushNotificationConfig/list":
+        listed = ParseDict(result, pb.ListTaskPushNotificationConfigsResponse())
+        return [
+            to.to_compat_task_push_notification_config(c).model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            )
+            for c in listed.configs
+        ]
+    else:
+        raise ValueError(f"no 0.3 shape for {method}")
+    return converted.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
 # --- Streams ------------------------------------------------------------------------------------
 
 
-def _sse(request_id: Any, result: dict[str, Any]) -> str:
-    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+def _sse(request_id: Any, result: dict[str, Any], shape) -> str:
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": shape(result)})
     return f"data: {body}\n\n"
 
 
@@ -523,20 +608,20 @@ def _status_event(task: dict[str, Any]) -> dict[str, Any]:
     return {"statusUpdate": event}
 
 
-def task_events(request, request_id: Any, ticket_id) -> Iterator[str]:
+def task_events(request, request_id: Any, ticket_id, shape) -> Iterator[str]:
     """``_changes``, ended quietly by a transient fault: the stream's 200 is
     already sent, so the reader sees the stream end and subscribes again
     (every state is the ledger's, read afresh then)."""
     from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
 
     try:
-        yield from _changes(request, request_id, ticket_id)
+        yield from _changes(request, request_id, ticket_id, shape)
     except TRANSIENT_ERRORS as exc:
         drop_broken_connection()
         log.warning("a2a stream of %s ended by a transient fault: %s", ticket_id, describe(exc))
 
 
-def _changes(request, request_id: Any, ticket_id) -> Iterator[str]:
+def _changes(request, request_id: Any, ticket_id, shape) -> Iterator[str]:
     """Step 3 of the module docstring: the task, then each change until a
     terminal state (the result as an artifact update before its status)."""
     from core import fairshare
@@ -544,7 +629,7 @@ def _changes(request, request_id: Any, ticket_id) -> Iterator[str]:
 
     ticket = selectors.get_ticket(ticket_id)
     task = task_dict(ticket)
-    yield _sse(request_id, {"task": task})
+    yield _sse(request_id, {"task": task}, shape)
     if task["status"]["state"] in TERMINAL_TASK_STATES:
         return
     with fairshare.wait_slot(request.user) as granted:
@@ -582,19 +667,19 @@ def _changes(request, request_id: Any, ticket_id) -> Iterator[str]:
                         "artifact": artifact,
                         "lastChunk": True,
                     }
-                    yield _sse(request_id, {"artifactUpdate": update})
-                yield _sse(request_id, _status_event(task))
+                    yield _sse(request_id, {"artifactUpdate": update}, shape)
+                yield _sse(request_id, _status_event(task), shape)
                 return
-            yield _sse(request_id, _status_event(task))
+            yield _sse(request_id, _status_event(task), shape)
 
 
-def stream(request, endpoint, method: str, params, request_id) -> HttpResponse:
+def stream(request, endpoint, method: str, params, request_id, shape) -> HttpResponse:
     if method == "SendStreamingMessage":
         ticket_id = _admit(request, endpoint, params, wait_s=None).id
     else:
         ticket_id = _visible(request, endpoint, _task_id(params)).id
     response = StreamingHttpResponse(
-        task_events(request, request_id, ticket_id), content_type="text/event-stream"
+        task_events(request, request_id, ticket_id, shape), content_type="text/event-stream"
     )
     response["Cache-Control"] = "no-store"
     # A buffering proxy (deploy/nginx.conf) passes each event at once.
@@ -603,6 +688,10 @@ def stream(request, endpoint, method: str, params, request_id) -> HttpResponse:
 
 
 # --- The JSON-RPC door --------------------------------------------------------------------------
+
+
+def _same(result: dict[str, Any]) -> dict[str, Any]:
+    return result
 
 
 @csrf_exempt
@@ -641,9 +730,14 @@ def a2a_view(request: HttpRequest, address: str) -> HttpResponse:
         method, params = body.get("method"), body.get("params", {})
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "params must be an object")
+        shape = _same
+        if method in V03_METHODS:
+            asked = method
+            method, params = V03_METHODS[asked], v03_params(asked, body)
+            shape = functools.partial(v03_result, asked)
         if method in STREAMING:
             try:
-                return stream(request, endpoint, method, params, request_id)
+                return stream(request, endpoint, method, params, request_id, shape)
             except (DomainError, Http404) as exc:
                 raise rpc_error(exc, task=method == "SubscribeToTask") from exc
         handler = METHODS.get(method)
@@ -655,7 +749,7 @@ def a2a_view(request: HttpRequest, address: str) -> HttpResponse:
             result = handler(request, endpoint, params)
         except (DomainError, Http404) as exc:
             raise rpc_error(exc, task=method != "SendMessage") from exc
-        answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
+        answer = {"jsonrpc": "2.0", "id": request_id, "result": shape(result)}
     except RpcError as exc:
         log.info("a2a %s: %s %s", address, exc.code, exc.message)
         answer = exc.body(request_id)

@@ -194,8 +194,11 @@ def test_the_agent_card_is_for_callers_who_may_submit(
     assert card["description"] == "Private work."
     assert card["capabilities"]["streaming"] is True
     assert card["supportedInterfaces"] == [
-        {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+        {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": version}
+        for version in ("1.0", "0.3")
     ]
+    # 0.3's own fields, for clients of that revision.
+    assert (card["url"], card["protocolVersion"]) == (url, "0.3")
     assert card["skills"][0]["tags"] == ["python"]
     assert "path" not in str(card)  # the runner's settings are the owners'
     # A caller who may not submit finds no agent, exactly like an unknown one.
@@ -411,3 +414,57 @@ def test_a_ticket_in_recovery_is_a_failed_task_naming_its_case(live_server, make
     assert task["status"]["state"] == "TASK_STATE_FAILED"
     assert task["metadata"]["claimcheck"]["state"] == "recovering"
     assert task["metadata"]["claimcheck"]["recovery"] == {"state": "recovering", "case": case}
+
+
+def test_the_0_3_method_names_reach_the_same_tasks(live_server, make_endpoint, api_key):
+    make_endpoint("a2a.old")  # no worker: the ticket stays submitted
+    url = f"{live_server.url}/a2a/a2a.old"
+    headers = {"Authorization": f"Bearer {api_key}"}
+
+    def call(method: str, params: dict) -> dict:
+        body = {"jsonrpc": "2.0", "id": "r1", "method": method, "params": params}
+        answer = httpx.post(url, json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    message = {
+        "kind": "message",
+        "messageId": "old-1",
+        "role": "user",
+        "parts": [{"kind": "data", "data": {"n": 1}}],
+        "contextId": "ctx-old",
+    }
+    sent = call("message/send", {"message": message, "configuration": {"blocking": False}})
+    task = sent["result"]
+    assert (task["kind"], task["status"]["state"], task["contextId"]) == (
+        "task",
+        "submitted",
+        "ctx-old",
+    )
+    # The same message id through the 1.0 name: the same task.
+    again = call(
+        "SendMessage",
+        {
+            "message": {"messageId": "old-1", "role": "ROLE_USER", "parts": [{"data": {"n": 1}}]},
+            "configuration": {"returnImmediately": True},
+        },
+    )
+    assert again["result"]["task"]["id"] == task["id"]
+    assert call("tasks/get", {"id": task["id"]})["result"]["id"] == task["id"]
+    cancelled = call("tasks/cancel", {"id": task["id"]})["result"]
+    assert cancelled["status"]["state"] == "canceled"
+    assert call("tasks/get", {"id": str(uuid.uuid4())})["error"]["code"] == -32001
+    with httpx.stream(
+        "POST",
+        url,
+        json={
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tasks/resubscribe",
+            "params": {"id": task["id"]},
+        },
+        headers=headers,
+    ) as streamed:
+        lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+    (event,) = [json.loads(line[len("data: ") :]) for line in lines]
+    assert (event["result"]["kind"], event["result"]["status"]["state"]) == ("task", "canceled")
