@@ -27,9 +27,7 @@ urlpatterns = [
     path("mcp", mcp_view, name="mcp"),
     # Each endpoint as an A2A agent (JSON-RPC) and its card: docs/a2a.md.
     path("a2a/<str:address>", a2a_view, name="a2a"),
-    path(
-        "a2a/<str:address>/.well-known/agent-card.json", agent_card_view, name="a2a-agent-card"
-    ),
+    path("a2a/<str:address>/.well-known/agent-card.json", agent_card_view, name="a2a-agent-card"),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),
     path("", include("console.urls")),
 ]
