@@ -33,7 +33,6 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -119,7 +118,7 @@ def rpc_error(exc: DomainError | Http404, *, task: bool = False) -> RpcError:
 # --- The caller and the agent ------------------------------------------------------------------
 
 
-@cache
+@functools.cache
 def _sdk_installed() -> bool:
     try:
         import a2a.types  # noqa: F401
