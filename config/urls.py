@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path, re_path
 
+from config.a2a import a2a_view, agent_card_view
 from config.api import api
 from config.mcp import mcp_view
 from config.metrics import metrics_view
@@ -24,6 +25,9 @@ urlpatterns = [
     path("api/v1/", api.urls),
     # The MCP server (Streamable HTTP, stateless, JSON answers): docs/mcp.md.
     path("mcp", mcp_view, name="mcp"),
+    # Each endpoint as an A2A agent (JSON-RPC) and its card: docs/a2a.md.
+    path("a2a/<str:address>", a2a_view, name="a2a"),
+    path("a2a/<str:address>/.well-known/agent-card.json", agent_card_view, name="a2a-agent-card"),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),
     path("", include("console.urls")),
 ]

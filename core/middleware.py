@@ -144,7 +144,7 @@ def body_too_large(request) -> JsonResponse | None:
 
 
 def _wants_json(request) -> bool:
-    return request.path.startswith(("/api/", "/healthz", "/readyz", "/mcp"))
+    return request.path.startswith(("/api/", "/healthz", "/readyz", "/mcp", "/a2a/"))
 
 
 def _outage(exc: BaseException) -> tuple[str, int]:

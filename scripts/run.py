@@ -9,11 +9,11 @@ virtual environment exists, and installs it (step 1).
 Steps, each printed with its time:
 
 1. install: ``uv sync`` without the dev and test groups, with the Python
-   client (group ``client``) and the agent frameworks in ``EXTRAS``
-   (default ``pydantic-ai openai-agents``: ``demo.agent`` and examples/),
-   into ``.venv/``, when pyproject.toml or uv.lock is newer than
-   ``.venv/.run-installed`` or the extras changed (``make install``'s
-   marker, for the test tools, is another file).
+   client (group ``client``), the ``a2a`` extra (the A2A agents) and the
+   agent frameworks in ``EXTRAS`` (default ``pydantic-ai openai-agents``:
+   ``demo.agent`` and examples/), into ``.venv/``, when pyproject.toml or
+   uv.lock is newer than ``.venv/.run-installed`` or the extras changed
+   (``make install``'s marker, for the test tools, is another file).
 2. servers: the PostgreSQL cluster (``var/pgdata``) and the Redis server
    (``var/redis``) from their wheels, on unix sockets in
    core/embedded.py's socket directory; ready when ``pg_isready`` and a
@@ -145,7 +145,7 @@ def install() -> str:
     extras = [arg for extra in EXTRAS for arg in ("--extra", extra)]
     done = subprocess.run(
         [uv, "sync", "--frozen", "--python", "python3", "--no-dev", "--group", "client",
-         "--inexact", *extras, "--compile-bytecode", "--quiet"],
+         "--inexact", *extras, "--extra", "a2a", "--compile-bytecode", "--quiet"],
         cwd=ROOT,
     )  # fmt: skip
     if done.returncode:
