@@ -119,6 +119,10 @@ def test_two_racers_stop_the_running_turn_and_run_one_after_the_other(worker, ma
     # Evidence: the runner returned after the flag (the cooperative stop).
     assert stopped.stop_evidence["kind"] == "runner_returned"
     assert stopped.stop_evidence["seq"] == stopped.seq
+    # Within its grace: the flag stopped it, no escalation was needed.
+    stop_s = (stopped.ended_at - stopped.interrupt_requested_at).total_seconds()
+    assert stop_s < 5, stop_s
+    print(f"superseded turn stopped {stop_s:.3f} s after the request")
     # One request reached the turn; the other found it stopping.
     (event,) = _interrupts(running.id)
     assert event.detail["by"] == old.error["by"]
