@@ -177,3 +177,28 @@ def test_an_uncooperative_turn_superseded_is_quarantined_as_an_overrun(celery_pr
     # The uncertain turn keeps the lock: the superseding ticket waits for an owner.
     assert EndpointLock.objects.get(endpoint__address="stubborn-chat").holder_id == turn.id
     assert state_of(new.id) == "queued"
+
+
+# --- The directory: API and console ------------------------------------------------------------
+
+
+def test_the_api_and_the_console_form_take_the_interrupt_policy(api, make_endpoint):
+    from console.forms import ChangeForm
+
+    body = {"address": "chatty", "runner": {"kind": "python", "path": "runtime.demo.echo"}}
+    resp = api.post("/endpoints", {**body, "busy_policy": "interrupt"})
+    assert resp.status_code == 201, resp.content
+    assert resp.json()["busy_policy"] == "interrupt"
+    assert api.patch("/endpoints/chatty", {"busy_policy": "reject"}).json()["busy_policy"] == (
+        "reject"
+    )
+    bad = api.patch("/endpoints/chatty", {"busy_policy": "rollback"})
+    assert bad.status_code == 422 and bad.json()["error"] == "invalid"
+    endpoint = Endpoint.objects.get(address="chatty")
+    form = ChangeForm.for_endpoint(endpoint)
+    data = {f"change-{k}": v for k, v in form.initial.items()}
+    data.update({"change-busy_policy": "interrupt", "change-requires_approval": "no"})
+    data["change-reason"] = "a person corrects the agent mid-turn"
+    bound = ChangeForm(data=data, prefix="change")
+    assert bound.is_valid(), bound.errors
+    assert bound.changes(endpoint) == {"busy_policy": "interrupt"}
