@@ -154,7 +154,7 @@ class LessonWithProposalForm(LessonForm, LessonProposalMixin):
         return {k: self.cleaned_data[k] for k in ("what_failed", "evidence", "prevention")}
 
 
-BUSY_CHOICES = [("enqueue", "enqueue"), ("reject", "reject")]
+BUSY_CHOICES = [("enqueue", "enqueue"), ("reject", "reject"), ("interrupt", "interrupt")]
 
 
 class ChangeForm(forms.Form):

@@ -30,6 +30,9 @@ class EndpointState(models.TextChoices):
 class BusyPolicy(models.TextChoices):
     ENQUEUE = "enqueue"
     REJECT = "reject"
+    # A new ticket queues and asks the turn running at its admission to stop
+    # (docs/design.md, "Busy policies"); queued tickets are never cancelled.
+    INTERRUPT = "interrupt"
 
 
 class RunnerKind(models.TextChoices):

@@ -69,7 +69,7 @@ class EndpointIn(Strict):
     interrupt_grace_s: float | None = None
     heartbeat_timeout_s: float | None = None
     requires_approval: bool | None = None
-    busy_policy: Literal["enqueue", "reject"] | None = None
+    busy_policy: Literal["enqueue", "reject", "interrupt"] | None = None
     notes: str | None = Field(default=None, max_length=limits.NOTE_CHARS)
     change_requires_second_person: bool | None = None
 
@@ -84,7 +84,7 @@ class EndpointPatch(Strict):
     interrupt_grace_s: float | None = None
     heartbeat_timeout_s: float | None = None
     requires_approval: bool | None = None
-    busy_policy: Literal["enqueue", "reject"] | None = None
+    busy_policy: Literal["enqueue", "reject", "interrupt"] | None = None
     notes: str | None = Field(default=None, max_length=limits.NOTE_CHARS)
     # Explicit null: the global CHANGE_REQUIRES_SECOND_PERSON decides.
     change_requires_second_person: bool | None = None

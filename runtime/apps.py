@@ -18,3 +18,10 @@ class RuntimeConfig(AppConfig):
             weak=False,
             dispatch_uid="runtime-sql",
         )
+        # The "interrupt" busy policy's request, which admission (below the
+        # runtime) makes after its commit.
+        from tickets import superseding
+
+        from .turns import supersede_turn
+
+        superseding.register(supersede_turn)

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from core import inputs, observe
@@ -44,7 +44,7 @@ from core.wakes import wake
 from endpoints.models import Endpoint
 from endpoints.selectors import may_submit, quarantine_case
 
-from . import rights
+from . import rights, superseding
 from .models import (
     CallbackState,
     DeliveryState,
@@ -274,10 +274,26 @@ def _admit(
         # The ticket owes a dispatch: the dispatcher hears of it after the
         # commit, not from inside it (core/wakes.py says why).
         wake(DISPATCH_CHANNEL)
+        _supersede_after_commit(row, ticket_id=ticket_id)
         return _admitted(row, ticket_id=ticket_id, params=params, input_json=input_json)
     if status == "existing":
         return _existing_row(row, dedupe_key=dedupe_key, sha=sha, submitter=submitter)
     raise _refusal(status, row, parent_id=parent_id)
+
+
+def _supersede_after_commit(row: Row, *, ticket_id: uuid.UUID) -> None:
+    """An ``interrupt`` endpoint's running turn, as the function read it at
+    this admission, is asked to stop after the commit (tickets/superseding.py):
+    never from inside a transaction that may still roll back."""
+    data = row["row"]
+    if data is None:
+        return
+    if isinstance(data, str | bytes):  # Django's jsonb loader leaves it text
+        data = json.loads(data)
+    running = data.get("supersede")
+    if running:
+        turn_id, seq = uuid.UUID(str(running["turn"])), int(running["seq"])
+        transaction.on_commit(lambda: superseding.supersede(turn_id, seq, ticket_id))
 
 
 def _call(params: dict[str, Any]) -> Row:

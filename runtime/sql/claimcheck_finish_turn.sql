@@ -145,6 +145,15 @@ BEGIN
             IF jsonb_array_length(v_signals) > 0 THEN
                 v_error := v_error || jsonb_build_object('signals', v_signals);
             END IF;
+            IF v_reason = 'superseded' THEN
+                -- The ticket whose admission asked (its interrupt_requested
+                -- event: runtime/turns/budgets.py, supersede_turn).
+                v_error := v_error || jsonb_build_object('by', (
+                    SELECT ev.detail->>'by' FROM tickets_ticketevent ev
+                    WHERE ev.ticket_id = p_ticket AND ev.turn_id = u.id
+                      AND ev.kind = 'interrupt_requested'
+                    ORDER BY ev.id DESC LIMIT 1));
+            END IF;
         END IF;
         v_kind := 'turn_stopped';
         -- outcome and returned_by at the top: what audit_ledger's

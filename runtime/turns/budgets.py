@@ -30,12 +30,19 @@ log = logging.getLogger(__name__)
 
 
 def request_interrupt(
-    *, turn_id: uuid.UUID | None, reason: str, actor: str, seq: int | None = None
+    *,
+    turn_id: uuid.UUID | None,
+    reason: str,
+    actor: str,
+    seq: int | None = None,
+    detail: dict | None = None,
 ) -> bool:
     """``running -> interrupting`` for one exact turn (and, given ``seq``, only
     while the turn carries that fencing token); the worker's heartbeat sees
     the flag, a command's process group is signalled by its runner, an http
-    agent is asked through its cancel URL (after commit). Returns False when
+    agent is asked through its cancel URL (after commit). ``detail`` joins
+    the ``interrupt_requested`` event's (a supersede's ``by``, which the
+    finish copies into the ticket's error). Returns False when
     the turn was not running (another sweeper, or the turn's own worker, got
     there first)."""
     if turn_id is None:
@@ -55,13 +62,29 @@ def request_interrupt(
             kind="interrupt_requested",
             actor=actor,
             turn_id=turn.id,
-            detail={"seq": turn.seq, "reason": reason, "grace_s": turn.endpoint.interrupt_grace_s},
+            detail={
+                **(detail or {}),
+                "seq": turn.seq,
+                "reason": reason,
+                "grace_s": turn.endpoint.interrupt_grace_s,
+            },
         )
         if turn.runner_kind == RunnerKind.HTTP:
             runner, seq = turn.endpoint.runner, turn.seq
             transaction.on_commit(lambda: runners.cancel_http_turn(runner, turn_id, seq))
     log.warning("interrupt requested for turn %s (%s)", turn_id, reason)
     return True
+
+
+def supersede_turn(turn_id: uuid.UUID, seq: int, by: uuid.UUID) -> bool:
+    """The ``interrupt`` busy policy (tickets/superseding.py): ticket ``by``,
+    admitted while this exact turn ran, asks it to stop -- the budget's own
+    path from here on (flag, grace, escalation, quarantine if unproven); its
+    ticket fails ``superseded`` naming ``by``. False when the turn no longer
+    runs with ``seq`` (it ended, or another ticket's request came first)."""
+    return request_interrupt(
+        turn_id=turn_id, seq=seq, reason="superseded", actor=f"ticket:{by}", detail={"by": str(by)}
+    )
 
 
 # Who asks when the worker running a turn enforces its budget itself.

@@ -136,13 +136,14 @@ BEGIN
         IF v_refusal IS NULL AND e.state <> 'available' THEN
             v_refusal := 'quarantined';
         END IF;
-        -- A paused "reject" endpoint takes nothing (a paused "enqueue" one
-        -- queues it; a re-run is an owner's decision, not new work, and queues).
-        IF v_refusal IS NULL AND p_rerun_of IS NULL AND e.busy_policy <> 'enqueue'
+        -- A paused "reject" endpoint takes nothing (a paused "enqueue" or
+        -- "interrupt" one queues it; a re-run is an owner's decision, not new
+        -- work, and queues).
+        IF v_refusal IS NULL AND p_rerun_of IS NULL AND e.busy_policy = 'reject'
                 AND e.paused_at IS NOT NULL THEN
             v_refusal := 'paused';
         END IF;
-        IF v_refusal IS NULL AND p_rerun_of IS NULL AND e.busy_policy <> 'enqueue' AND (
+        IF v_refusal IS NULL AND p_rerun_of IS NULL AND e.busy_policy = 'reject' AND (
                 EXISTS (SELECT 1 FROM runtime_endpointlock l
                         WHERE l.endpoint_id = e.id AND l.holder_id IS NOT NULL)
                 OR EXISTS (SELECT 1 FROM tickets_ticket q
@@ -237,6 +238,20 @@ BEGIN
                 o_ticket := p_id; o_endpoint := e.id; o_address := e.address; o_return_to := v_rt;
                 o_trace := v_trace; o_depth := v_depth; o_root := v_root; o_owned := false;
                 o_return_to_address := v_rt_address;
+                -- An "interrupt" endpoint: the turn running at this admission
+                -- (its id and fencing token), which the caller asks to stop
+                -- once this commits (tickets/admission.py: no I/O here). A
+                -- re-run and a callback are the runtime's own, not new work;
+                -- a paused endpoint's running turn finishes.
+                IF e.busy_policy = 'interrupt' AND p_rerun_of IS NULL
+                        AND p_callback_for IS NULL AND e.paused_at IS NULL THEN
+                    SELECT jsonb_build_object('supersede', jsonb_build_object(
+                        'turn', u.id, 'seq', l.token))
+                    INTO o_row
+                    FROM runtime_endpointlock l
+                    JOIN runtime_turn u ON u.id = l.holder_id AND u.seq = l.token
+                    WHERE l.endpoint_id = e.id AND u.state = 'running';
+                END IF;
                 RETURN NEXT;
                 RETURN;
             END IF;
