@@ -1,5 +1,5 @@
 """``/mcp``: a Model Context Protocol server (Streamable HTTP) inside the
-WSGI app, authenticated and authorised exactly as the API (docs/mcp.md).
+WSGI app, authenticated and authorised exactly as the API (docs/reference/mcp.md).
 
 The official ``mcp`` SDK speaks the protocol; this module carries an HTTP
 request to it and back:

@@ -1,5 +1,5 @@
 """MCP Tasks at ``/mcp``: the ``io.modelcontextprotocol/tasks`` extension
-(SEP-2663) served from the ledger (docs/mcp.md, "Tasks").
+(SEP-2663) served from the ledger (docs/reference/mcp.md, "Tasks").
 
 A task *is* a ticket: its id is the ticket's id, its status is read from the
 ticket's state, its result is what ``submit_ticket`` answers once the ticket

@@ -151,7 +151,7 @@ if DATABASE_POOL_MAX:
 # server session: about 0.1 ms less per call. Only where a client
 # connection keeps its server session (a direct connection, Django's pool,
 # PgBouncer in session mode) or the pooler tracks prepared statements
-# (PgBouncer 1.21+ with max_prepared_statements): docs/deploy.md. On by
+# (PgBouncer 1.21+ with max_prepared_statements): docs/howto/deploy.md. On by
 # default for the embedded cluster, which is always direct.
 DATABASE_PREPARED_CALLS = env.bool("DATABASE_PREPARED_CALLS", default=_EMBEDDED_DB)
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
@@ -164,7 +164,7 @@ DATABASES["default"]["OPTIONS"].setdefault(
 # workers' dispatcher, runtime/dispatcher.py) must hold one server session
 # for their whole life: a notification reaches only the session that
 # listened. Behind PgBouncer in transaction mode point this at PostgreSQL
-# directly or at a session-mode pool (docs/deploy.md). Empty: DATABASE_URL.
+# directly or at a session-mode pool (docs/howto/deploy.md). Empty: DATABASE_URL.
 DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
 # Two roles (README, "Database roles"): `migrate` connects with
 # DATABASE_MIGRATE_URL (the owner role) when set; after every migrate the
@@ -368,7 +368,7 @@ CONSOLE_LIVE_SLOTS = env.int("CONSOLE_LIVE_SLOTS", default=2)
 WEB_THREADS = env.int("WEB_CONCURRENCY", default=(os.cpu_count() or 1) * 2 + 1) * env.int(
     "GUNICORN_THREADS", default=4
 )
-# Fair share per user (core/fairshare.py; docs/api.md "Fair share"): every
+# Fair share per user (core/fairshare.py; docs/reference/api.md "Fair share"): every
 # API key of a user and their console session share these (a key given
 # limits of its own by staff is counted on its own). Admissions per window
 # in `limits` notation ("" for none); requests in flight and wait_s waits
@@ -443,7 +443,7 @@ RUNNER_SECRETS_FILE = env.str("RUNNER_SECRETS_FILE", default="")
 RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
 # The unprivileged user command and process-isolated turns run as, so they
 # cannot read the worker's environment (/proc/<pid>/environ), the secrets
-# file or var/ (runtime/runas.py, docs/deploy.md "The runner user"). Takes
+# file or var/ (runtime/runas.py, docs/howto/deploy.md "The runner user"). Takes
 # effect only in a worker started as root. Unset: "claimcheck-runner" when
 # that user exists (a root worker without it warns at start and runs turns
 # as root); set: that user, and a worker that cannot switch to it refuses
@@ -529,7 +529,7 @@ METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", default=["127.0.0.1", "::1
 METRICS_BEARER_TOKEN = env.str("METRICS_BEARER_TOKEN", default="")
 # PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself, from the
 # environment): one directory per host shared by gunicorn and the Celery
-# workers, emptied before they start (docs/operations.md).
+# workers, emptied before they start (docs/howto/operations.md).
 
 # Turns can occupy every worker process for their whole budget; sweeps and
 # deliveries get their own queue so a full pool can never starve the sweeps

@@ -22,7 +22,7 @@ urlpatterns = [
     # Prometheus: METRICS_ALLOWED_IPS / METRICS_BEARER_TOKEN, else 404.
     path("metrics", metrics_view, name="metrics"),
     path("api/v1/", api.urls),
-    # The MCP server (Streamable HTTP, stateless, JSON answers): docs/mcp.md.
+    # The MCP server (Streamable HTTP, stateless, JSON answers): docs/reference/mcp.md.
     path("mcp", mcp_view, name="mcp"),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),
     path("", include("console.urls")),

@@ -22,7 +22,7 @@ class EndpointState(models.TextChoices):
     # available <-> quarantined; only an owner decision leaves quarantine.
     # A pause is not a state: it is the owner's flag ``paused_at``, beside the
     # state, so a pause and a quarantine can hold at once and neither clears
-    # the other (docs/design.md, "Pause").
+    # the other (docs/explanation/design.md, "Pause").
     AVAILABLE = "available"
     QUARANTINED = "quarantined"
 

@@ -4,7 +4,7 @@ whole ledger by set-based SQL (``python manage.py audit_ledger``).
 A selector: it reads every app's records and writes nothing. Each check is
 one statement (window functions, joins through primary keys and the
 indexes the runtime already has); none loops over rows in Python, so the
-cost follows a few scans of the big tables (see docs/faults.md for the time
+cost follows a few scans of the big tables (see docs/explanation/faults.md for the time
 on a 1M-ticket ledger). All checks read one snapshot (REPEATABLE READ, READ
 ONLY) and one clock (the snapshot's time), so a busy ledger cannot show
 a half-made transition between two checks.
@@ -20,7 +20,7 @@ Kinds of violation (each names the ids involved):
   registered turn. A succeeded ticket's completing turn is its own turn
   (``ticket.turn``, completed, of this ticket) or, for a ticket that waited,
   the turn it is attributed to (``completed_by_turn``), which must be one
-  that may complete it (docs/design.md, "Who completes a waiting ticket";
+  that may complete it (docs/explanation/design.md, "Who completes a waiting ticket";
   ``runtime.turns.finish.answers``): a completed turn of the same endpoint
   and trace that ran one of its callbacks or approval tickets (or an
   owner's re-run of one), later than the turn that asked for its last
@@ -250,7 +250,7 @@ SELECT kind, ids, detail FROM (
 UNION ALL
 -- A ticket that waited: the turn it is attributed to (rare rows, through
 -- the completed_by_turn index) must be one that may complete it
--- (docs/design.md, "Who completes a waiting ticket"). From that turn's
+-- (docs/explanation/design.md, "Who completes a waiting ticket"). From that turn's
 -- ticket up through its re-runs and its callback link (each hangs under
 -- what it re-runs or reports) to the ticket it answers for: a child of
 -- the waiting ticket when a callback link was crossed, else the waiting

@@ -1,4 +1,4 @@
-"""The dispatcher: publishes the turns the ledger owes (docs/design.md, flow 2).
+"""The dispatcher: publishes the turns the ledger owes (docs/explanation/design.md, flow 2).
 
 Admission never talks to the broker. Its statement marks the new ticket
 ``needs_dispatch`` and, once it commits, the admitting process NOTIFYs

@@ -1,5 +1,5 @@
 """Process isolation of a ``python`` (or ``agent``) runner's turn
-(docs/design.md, "Turn isolation").
+(docs/explanation/design.md, "Turn isolation").
 
 Each worker slot (a pool process, the supervisor) keeps one warm child: a
 process it forked ahead, which runs one turn at a time. The supervisor sends

@@ -40,7 +40,7 @@ application process itself, not its process group, as systemd's
 Celery worker's idle pool processes as well as its main process, and
 billiard's handler makes a second SIGTERM fatal while it unwinds: 4 of 11
 stops left a pool process dead inside the pool's queue lock and the main
-process waiting for it (docs/design.md, "Worker shutdown"). The main process
+process waiting for it (docs/explanation/design.md, "Worker shutdown"). The main process
 stops its own pool and passes SIGTERM to pool processes running a turn.
 Whatever still runs ``RUN_STOP_WAIT_S`` (default 10) after the SIGTERM gets
 SIGKILL, group and all; then the servers get their fast shutdown (SIGINT
@@ -584,7 +584,7 @@ class Supervisor:
         env.setdefault("GUNICORN_THREADS", "8")
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if metrics:
-            # One metrics directory for web and workers (docs/operations.md),
+            # One metrics directory for web and workers (docs/howto/operations.md),
             # emptied before they start; migrate and seed_demo count nothing.
             env["PROMETHEUS_MULTIPROC_DIR"] = str(self.var / "metrics")
         return env

@@ -1,4 +1,4 @@
-"""A rolling upgrade from the previous release, in docs/deploy.md's order,
+"""A rolling upgrade from the previous release, in docs/howto/deploy.md's order,
 under steady admissions, with work parked across it.
 
 The previous release is the newest CHANGELOG.md names by its commit; its

@@ -185,7 +185,7 @@ def list_tickets(
         Query(
             description="Terms inside input and result, all of which must hold: "
             "`input.<key>[.<key>...]:<value>` or `result.<key>...:<value>`, separated by "
-            f"spaces, at most {search_terms.MAX_CHARS} characters (docs/api.md, Search). "
+            f"spaces, at most {search_terms.MAX_CHARS} characters (docs/reference/api.md, Search). "
             "400 `invalid_search` when one does not parse."
         ),
     ] = None,
