@@ -1,4 +1,4 @@
-"""Settings, read from the environment in one place (see the README's table).
+"""Settings, read from the environment in one place (docs/reference/settings.md).
 
 With no ``DATABASE_URL`` / ``CELERY_BROKER_URL``, the embedded default:
 the PostgreSQL cluster and Redis server that `make run` starts under
