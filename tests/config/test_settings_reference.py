@@ -56,7 +56,9 @@ def test_the_reader_sees_every_kind_of_read():
 def test_every_setting_read_has_a_row():
     read = reads(SETTINGS)
     assert len(read) > 60, "the scan found too few reads to be reading the settings"
-    documented = {name for names, reader in reference_rows() if reader == SETTINGS for name in names}
+    documented = {
+        name for names, reader in reference_rows() if reader == SETTINGS for name in names
+    }
     missing = sorted(read - documented)
     assert not missing, (
         f"{SETTINGS} reads variables docs/reference/settings.md has no row for "
