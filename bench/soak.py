@@ -1,5 +1,5 @@
 """`make soak`: mixed demo traffic on `make run` for N minutes, then the
-figures (README, "Soak").
+figures (docs/reference/commands.md, "Soak").
 
 It starts `make run`'s supervisor itself (scripts/run.py, on ``SOAK_PORT``,
 default 8020, in a var/ of its own: ``var/soak/`` of this checkout, or

@@ -166,7 +166,7 @@ DATABASES["default"]["OPTIONS"].setdefault(
 # listened. Behind PgBouncer in transaction mode point this at PostgreSQL
 # directly or at a session-mode pool (docs/howto/deploy.md). Empty: DATABASE_URL.
 DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
-# Two roles (README, "Database roles"): `migrate` connects with
+# Two roles (docs/howto/production.md): `migrate` connects with
 # DATABASE_MIGRATE_URL (the owner role) when set; after every migrate the
 # application role is granted what web and workers need, and no more. It is
 # DATABASE_URL's user when the two URLs name different users.
@@ -239,7 +239,7 @@ STORAGES = {
 
 # --- HTTPS and cookies (production switches, Django's own names) -------------------------
 # Off by default so `make run` works over plain http on localhost; a
-# production deployment behind TLS turns them on (README, "Production").
+# production deployment behind TLS turns them on (docs/howto/production.md).
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
 SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[])
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)

@@ -1,7 +1,7 @@
 """`make run`: install what running needs, start the embedded PostgreSQL and
 Redis, migrate, seed the demo, then supervise web, the turns worker, the
-control worker and beat until Ctrl-C (README, "The embedded default" and
-"The supervisor").
+control worker and beat until Ctrl-C (docs/reference/commands.md,
+"make run" and "The supervisor").
 
 Standard library only: it runs on the machine's Python 3.11+ before the
 virtual environment exists, and installs it (step 1).
@@ -703,7 +703,7 @@ class Supervisor:
         checkout's own, in var/demo_api_key)."""
         if not self.demo_key:
             return
-        say(f'{self.login}; the first request (README, "Two commands"):')
+        say(f'{self.login}; the first request (README, "The first request"):')
         print(
             f"  curl -s -X POST http://127.0.0.1:{self.port}/api/v1/tickets \\\n"
             f"    -H 'Authorization: Bearer {self.demo_key}' "

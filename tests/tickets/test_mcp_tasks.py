@@ -275,7 +275,7 @@ def test_the_docs_tasks_example_runs(worker, live_server, make_endpoint, api_key
     key and URL are the only lines changed)."""
     from pathlib import Path
 
-    doc = (Path(__file__).parents[2] / "docs" / "mcp.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "reference" / "mcp.md").read_text()
     section = doc[doc.index("## Tasks (") :]
     code = section[section.index("```python\n") + len("```python\n") :]
     code = code[: code.index("```\n")]

@@ -81,7 +81,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        # The demo owner is staff with a password printed in the README: on a
+        # The demo owner is staff with a password printed in the README and the tutorial: on a
         # deployment (DEBUG off) it would be a known log-in to the console
         # and /admin/. Refused there unless asked for by name.
         if not settings.DEBUG and not options["allow_production"]:
