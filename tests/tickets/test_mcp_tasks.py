@@ -288,7 +288,10 @@ def test_the_docs_tasks_example_runs(worker, live_server, make_endpoint, api_key
     make_endpoint("demo.sleep", path="runtime.demo.sleep")
 
     # As a script runs it: without this module's postponed annotations.
-    exec(compile(code, "docs/reference/mcp.md", "exec", dont_inherit=True), {"__name__": "docs_example"})
+    exec(
+        compile(code, "docs/reference/mcp.md", "exec", dont_inherit=True),
+        {"__name__": "docs_example"},
+    )
 
     printed = capsys.readouterr().out.splitlines()
     task_id = printed[0].split()[1]
