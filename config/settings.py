@@ -148,7 +148,7 @@ if DATABASE_POOL_MAX:
 # functions' calls bind their parameters on the server as unnamed
 # statements (core/sqlfunctions.call_cursor), or, with
 # DATABASE_PREPARED_CALLS, as named prepared statements planned once per
-# server session: about 0.1 ms less per call. Only where a client
+# server session, without planning each call. Only where a client
 # connection keeps its server session (a direct connection, Django's pool,
 # PgBouncer in session mode) or the pooler tracks prepared statements
 # (PgBouncer 1.21+ with max_prepared_statements): docs/howto/deploy.md. On by
@@ -506,7 +506,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Celery's Django fixup closes every database connection before and after
 # every task unless this is set: each turn then paid a new PostgreSQL session
-# (a backend fork, authentication, Django's set-up queries: ~20 ms) and its
+# (a backend fork, authentication, Django's set-up queries) and its
 # prepared statements were lost with it. Set, the fixup closes them only every
 # DB_REUSE_MAX tasks; between tasks config/celery.py closes a connection only
 # when CONN_MAX_AGE says so or it failed, as Django does between requests.

@@ -167,7 +167,7 @@ def call_cursor() -> Iterator[CursorWrapper]:
     never reached), so each call stays one unnamed statement, as PgBouncer
     before 1.21 in transaction mode needs. With ``DATABASE_PREPARED_CALLS``
     each call is a named prepared statement of its connection, planned once
-    per server session (about 0.1 ms less a call: bench/README.md); only
+    per server session (no planning on each call); only
     where a client connection keeps its server session or the pooler
     tracks prepared statements (docs/howto/deploy.md)."""
     with connection.function_cursor(prepared=settings.DATABASE_PREPARED_CALLS) as cur:

@@ -13,8 +13,8 @@ Only a worker started as root switches: a command starts through
 util-linux's ``setpriv`` (``--reuid --regid --clear-groups``), the forked
 turn process calls ``setgroups``/``setresgid``/``setresuid``. (``subprocess``'s
 own ``user``/``group`` would do for a command too, but they make it fork the
-whole worker instead of using vfork: 40 ms a command in a worker of 110 MB
-against 4 ms through ``setpriv``.) Going
+whole worker instead of using vfork, a cost that grows with the worker's
+memory on every command.) Going
 from root to an unprivileged user clears every capability (the kernel's
 rule for a change of user ids away from 0), so nothing the turn runs can
 switch back; and root signals the runner user's process groups (the

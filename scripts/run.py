@@ -572,7 +572,8 @@ class Supervisor:
         env["PORT"] = str(self.port)
         # The installed frameworks (demo.agent, examples/) are imported once
         # in the worker's main process, not in every pool process's first
-        # turn (runtime/worker.py): 15 s a turn for the Agents SDK here.
+        # turn (runtime/worker.py), where the import would eat into the
+        # first agent turn's budget.
         env.setdefault("AGENT_PRELOAD", ",".join(FRAMEWORKS[e] for e in EXTRAS if e in FRAMEWORKS))
         # The examples' agents (examples/, seeded by seed_demo) run on these
         # workers: their allow-list takes them.
