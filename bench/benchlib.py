@@ -77,7 +77,7 @@ def bench_env() -> dict[str, str]:
         REDISPATCH_AFTER_S="3600",
     )
     # The bench connects directly, as a deployment without a pooler does:
-    # the transition functions' calls run prepared (README, settings).
+    # the transition functions' calls run prepared (docs/reference/settings.md).
     # BENCH_PREPARED_CALLS=0 measures them as unnamed statements, as behind
     # PgBouncer before 1.21.
     env["DATABASE_PREPARED_CALLS"] = os.environ.get("BENCH_PREPARED_CALLS", "1")

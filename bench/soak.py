@@ -1,5 +1,5 @@
 """`make soak`: mixed demo traffic on `make run` for N minutes, then the
-figures (README, "Soak").
+figures (docs/reference/commands.md, "Soak").
 
 It starts `make run`'s supervisor itself (scripts/run.py, on ``SOAK_PORT``,
 default 8020, in a var/ of its own: ``var/soak/`` of this checkout, or
@@ -486,7 +486,7 @@ def report(traffic, stack, restart, since, drained, took) -> dict:
         "agent_tool_calls_decided": dict(traffic.decided),
         # Which turns completed the waiting tickets (demo.research's and
         # demo.agent's): an approval ticket's or a child's callback's
-        # (docs/design.md, "Who completes a waiting ticket"); the audit
+        # (docs/explanation/design.md, "Who completes a waiting ticket"); the audit
         # below checks each.
         "waiting_tickets_completed_by": dict(
             ledger(

@@ -354,7 +354,7 @@ def probe_beside_backlog(backlog: int) -> dict:
     """Turns on a quiet endpoint while another holds ``backlog`` queued
     tickets, admitted after the statistics were taken (as between two
     ANALYZEs): a turn that found its next ticket through an index of every
-    endpoint's queue read the whole backlog twice (tickets migration 0014)."""
+    endpoint's queue read the whole backlog twice."""
     from config.celery import app
     from tickets.admission import admit_ticket
 

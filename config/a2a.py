@@ -1,5 +1,5 @@
 """``/a2a/<address>``: every endpoint a caller may submit to, served as an
-Agent2Agent (A2A 1.0) agent over JSON-RPC (docs/a2a.md).
+Agent2Agent (A2A 1.0) agent over JSON-RPC (docs/howto/a2a.md).
 
 An A2A task *is* the ticket: its id is the ticket's id, the message id is the
 ticket's dedupe key, and every call goes through the functions the API's
@@ -69,7 +69,7 @@ SERVER_ERROR = -32000
 
 # The ticket's state -> the A2A task state's name (TaskState). ``recovering``
 # ends ``orphaned`` or ``failed``, both failed here: the task says failed at
-# once, its metadata names the recovery (docs/a2a.md, "States").
+# once, its metadata names the recovery (docs/howto/a2a.md, "States").
 STATES = {
     "queued": "TASK_STATE_SUBMITTED",
     "running": "TASK_STATE_WORKING",
@@ -409,7 +409,7 @@ def _push_url(config) -> str:
         raise RpcError(
             INVALID_PARAMS,
             "taskPushNotificationConfig: token and authentication are not sent; a delivery "
-            "is signed instead (verify its webhook-signature header, docs/api.md)",
+            "is signed instead (verify its webhook-signature header, docs/reference/api.md)",
         )
     return config.url
 
@@ -742,7 +742,7 @@ def a2a_view(request: HttpRequest, address: str) -> HttpResponse:
         handler = METHODS.get(method)
         if handler is None:
             if method in NOT_SERVED:
-                raise RpcError(UNSUPPORTED, f"{method} is not served (docs/a2a.md)")
+                raise RpcError(UNSUPPORTED, f"{method} is not served (docs/howto/a2a.md)")
             raise RpcError(METHOD_NOT_FOUND, f"no method {method!r}")
         try:
             result = handler(request, endpoint, params)

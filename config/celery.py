@@ -108,7 +108,7 @@ def _database_connections(signal=None, task=None, **kwargs):
     Celery's own fixup no longer closes them all around every task.)
 
     A turn skips the health check's round trip (a ``SELECT 1`` before its
-    first statement, 6 % of a no-op turn in the worker): its start is retried
+    first statement, a visible share of a short turn): its start is retried
     on a broken connection (``start_with_retry`` drops it and tries again on
     a new one), so the check would only move that recovery earlier."""
     from django.db import close_old_connections, connection

@@ -1,5 +1,5 @@
 """``/mcp``: a Model Context Protocol server (Streamable HTTP) inside the
-WSGI app, authenticated and authorised exactly as the API (docs/mcp.md).
+WSGI app, authenticated and authorised exactly as the API (docs/reference/mcp.md).
 
 The official ``mcp`` SDK speaks the protocol; this module carries an HTTP
 request to it and back:
@@ -220,7 +220,7 @@ def _server():
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
-    mcp_tasks.register(server)
+    mcp_tasks.register(server, current_request=_request.get, run_tool=run_tool)
     return server
 
 

@@ -1,5 +1,5 @@
 """MCP Tasks at ``/mcp``: the ``io.modelcontextprotocol/tasks`` extension
-(SEP-2663) served from the ledger (docs/mcp.md, "Tasks").
+(SEP-2663) served from the ledger (docs/reference/mcp.md, "Tasks").
 
 A task *is* a ticket: its id is the ticket's id, its status is read from the
 ticket's state, its result is what ``submit_ticket`` answers once the ticket
@@ -234,13 +234,11 @@ def submit(arguments: dict[str, Any]) -> dict[str, Any] | tuple[dict[str, Any], 
     (a failed call, or a ticket that finished within its ``wait_s``)."""
     from core.transient import drop_broken_connection, is_transient
 
-    from .mcp import _request, run_tool
-
-    payload, error = run_tool(TOOL, arguments)
+    payload, error = _server_side["run_tool"](TOOL, arguments)
     if error:
         return payload, error
     try:
-        handle = created(_request.get(), payload["id"])
+        handle = created(_server_side["current_request"](), payload["id"])
     except Exception as exc:
         if not is_transient(exc):
             raise
@@ -259,9 +257,7 @@ def _on_request_thread(method: str, fn, task_id: str):
     from core.middleware import unavailable_body
     from core.transient import drop_broken_connection, is_transient
 
-    from .mcp import _request
-
-    request = _request.get()
+    request = _server_side["current_request"]()
     try:
         return fn(request, task_id)
     except TaskNotFound:
@@ -275,8 +271,17 @@ def _on_request_thread(method: str, fn, task_id: str):
         raise MCPError(INTERNAL_ERROR, body["detail"], data={**body, "status": 503}) from None
 
 
-def register(server) -> None:
-    """Serve the extension on the SDK's low-level ``server`` and advertise it."""
+# What the server (config/mcp.py) lends the extension: the request being
+# served on this thread and its tool runner, handed over at ``register``
+# so that this module never imports the server back.
+_server_side: dict[str, Any] = {}
+
+
+def register(server, *, current_request, run_tool) -> None:
+    """Serve the extension on the SDK's low-level ``server`` and advertise
+    it; ``current_request()`` is the request on the calling thread,
+    ``run_tool(name, arguments)`` the server's tool call."""
+    _server_side.update(current_request=current_request, run_tool=run_tool)
     import mcp_types as types
     from asgiref.sync import sync_to_async
     from mcp.shared.exceptions import MCPError

@@ -9,7 +9,7 @@ expects of a prefork pool: a per-process HTTP exporter cannot work (which
 child would answer?), Pushgateway is meant for batch jobs, and an
 event-based exporter needs task events on the broker. Web hosts serve the
 host's files on ``/metrics``; a worker-only host runs ``manage.py
-serve_metrics`` (docs/operations.md). Without the variable (``make test``,
+serve_metrics`` (docs/howto/operations.md). Without the variable (``make test``,
 a single process) the values live in the process.
 
 Gauges of the ledger's state (queued tickets and busy slot per endpoint,

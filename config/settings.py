@@ -1,4 +1,4 @@
-"""Settings, read from the environment in one place (see the README's table).
+"""Settings, read from the environment in one place (docs/reference/settings.md).
 
 With no ``DATABASE_URL`` / ``CELERY_BROKER_URL``, the embedded default:
 the PostgreSQL cluster and Redis server that `make run` starts under
@@ -148,10 +148,10 @@ if DATABASE_POOL_MAX:
 # functions' calls bind their parameters on the server as unnamed
 # statements (core/sqlfunctions.call_cursor), or, with
 # DATABASE_PREPARED_CALLS, as named prepared statements planned once per
-# server session: about 0.1 ms less per call. Only where a client
+# server session, without planning each call. Only where a client
 # connection keeps its server session (a direct connection, Django's pool,
 # PgBouncer in session mode) or the pooler tracks prepared statements
-# (PgBouncer 1.21+ with max_prepared_statements): docs/deploy.md. On by
+# (PgBouncer 1.21+ with max_prepared_statements): docs/howto/deploy.md. On by
 # default for the embedded cluster, which is always direct.
 DATABASE_PREPARED_CALLS = env.bool("DATABASE_PREPARED_CALLS", default=_EMBEDDED_DB)
 DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1_000_000_000
@@ -164,9 +164,9 @@ DATABASES["default"]["OPTIONS"].setdefault(
 # workers' dispatcher, runtime/dispatcher.py) must hold one server session
 # for their whole life: a notification reaches only the session that
 # listened. Behind PgBouncer in transaction mode point this at PostgreSQL
-# directly or at a session-mode pool (docs/deploy.md). Empty: DATABASE_URL.
+# directly or at a session-mode pool (docs/howto/deploy.md). Empty: DATABASE_URL.
 DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
-# Two roles (README, "Database roles"): `migrate` connects with
+# Two roles (docs/howto/production.md): `migrate` connects with
 # DATABASE_MIGRATE_URL (the owner role) when set; after every migrate the
 # application role is granted what web and workers need, and no more. It is
 # DATABASE_URL's user when the two URLs name different users.
@@ -239,7 +239,7 @@ STORAGES = {
 
 # --- HTTPS and cookies (production switches, Django's own names) -------------------------
 # Off by default so `make run` works over plain http on localhost; a
-# production deployment behind TLS turns them on (README, "Production").
+# production deployment behind TLS turns them on (docs/howto/production.md).
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
 SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[])
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
@@ -368,7 +368,7 @@ CONSOLE_LIVE_SLOTS = env.int("CONSOLE_LIVE_SLOTS", default=2)
 WEB_THREADS = env.int("WEB_CONCURRENCY", default=(os.cpu_count() or 1) * 2 + 1) * env.int(
     "GUNICORN_THREADS", default=4
 )
-# Fair share per user (core/fairshare.py; docs/api.md "Fair share"): every
+# Fair share per user (core/fairshare.py; docs/reference/api.md "Fair share"): every
 # API key of a user and their console session share these (a key given
 # limits of its own by staff is counted on its own). Admissions per window
 # in `limits` notation ("" for none); requests in flight and wait_s waits
@@ -415,7 +415,7 @@ RETENTION_PAUSE_RATIO = env.float("RETENTION_PAUSE_RATIO", default=0.0)
 if not 0 <= RETENTION_PAUSE_RATIO <= 10:  # refused at start, not at the day's prune
     raise ValueError("RETENTION_PAUSE_RATIO must be between 0 and 10")
 
-# --- Schedules (tickets/schedules.py, docs/schedules.md) -----------------------
+# --- Schedules (tickets/schedules.py, docs/howto/schedules.md) -----------------------
 # Beat's period for firing due slots (the "schedules" sweep, on the control
 # queue): the most a slot fires late while beat and a control worker run.
 SCHEDULE_TICK_S = env.float("SCHEDULE_TICK_S", default=1.0)
@@ -470,7 +470,7 @@ RUNNER_SECRETS_FILE = env.str("RUNNER_SECRETS_FILE", default="")
 RUNNER_SECRET_NAMES = env.list("RUNNER_SECRET_NAMES", default=[])
 # The unprivileged user command and process-isolated turns run as, so they
 # cannot read the worker's environment (/proc/<pid>/environ), the secrets
-# file or var/ (runtime/runas.py, docs/deploy.md "The runner user"). Takes
+# file or var/ (runtime/runas.py, docs/howto/deploy.md "The runner user"). Takes
 # effect only in a worker started as root. Unset: "claimcheck-runner" when
 # that user exists (a root worker without it warns at start and runs turns
 # as root); set: that user, and a worker that cannot switch to it refuses
@@ -533,7 +533,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Celery's Django fixup closes every database connection before and after
 # every task unless this is set: each turn then paid a new PostgreSQL session
-# (a backend fork, authentication, Django's set-up queries: ~20 ms) and its
+# (a backend fork, authentication, Django's set-up queries) and its
 # prepared statements were lost with it. Set, the fixup closes them only every
 # DB_REUSE_MAX tasks; between tasks config/celery.py closes a connection only
 # when CONN_MAX_AGE says so or it failed, as Django does between requests.
@@ -556,7 +556,7 @@ METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", default=["127.0.0.1", "::1
 METRICS_BEARER_TOKEN = env.str("METRICS_BEARER_TOKEN", default="")
 # PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself, from the
 # environment): one directory per host shared by gunicorn and the Celery
-# workers, emptied before they start (docs/operations.md).
+# workers, emptied before they start (docs/howto/operations.md).
 
 # Turns can occupy every worker process for their whole budget; sweeps and
 # deliveries get their own queue so a full pool can never starve the sweeps

@@ -23,9 +23,9 @@ urlpatterns = [
     # Prometheus: METRICS_ALLOWED_IPS / METRICS_BEARER_TOKEN, else 404.
     path("metrics", metrics_view, name="metrics"),
     path("api/v1/", api.urls),
-    # The MCP server (Streamable HTTP, stateless, JSON answers): docs/mcp.md.
+    # The MCP server (Streamable HTTP, stateless, JSON answers): docs/reference/mcp.md.
     path("mcp", mcp_view, name="mcp"),
-    # Each endpoint as an A2A agent (JSON-RPC) and its card: docs/a2a.md.
+    # Each endpoint as an A2A agent (JSON-RPC) and its card: docs/howto/a2a.md.
     path("a2a/<str:address>", a2a_view, name="a2a"),
     path("a2a/<str:address>/.well-known/agent-card.json", agent_card_view, name="a2a-agent-card"),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),

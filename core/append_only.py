@@ -4,7 +4,7 @@ TRUNCATE refused.
 Used from migrations: a row trigger refuses UPDATE and DELETE, a statement
 trigger refuses TRUNCATE.
 
-The one privileged path (README, "Database roles"): TRUNCATE goes through
+The one privileged path (docs/howto/production.md): TRUNCATE goes through
 when the session has set ``claimcheck.allow_truncate = 'on'`` AND the
 current role holds the table owner's privileges. The setting alone proves
 nothing (any role may set a custom setting), which is why ownership is

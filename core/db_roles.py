@@ -1,4 +1,4 @@
-"""The two-role setup (README, "Database roles").
+"""The two-role setup (docs/howto/production.md).
 
 Migrations run as the owner role, which owns every table; web and workers
 connect as the application role, which owns nothing. After every `migrate`

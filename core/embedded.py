@@ -1,5 +1,5 @@
-"""Where `make run`'s embedded PostgreSQL and Redis live (README, "The
-embedded default").
+"""Where `make run`'s embedded PostgreSQL and Redis live (docs/reference/commands.md,
+"make run").
 
 Both listen on unix sockets only, in one directory whose path is a pure
 function of ``var/``: the supervisor (scripts/run.py) starts the servers
@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # The cluster's roles and database, as `make test` and production name them
-# (README, "Database roles"): the owner migrates, the application role runs.
+# (docs/howto/production.md): the owner migrates, the application role runs.
 SUPERUSER = "postgres"
 OWNER_ROLE = "claimcheck_owner"
 APP_ROLE = "claimcheck_app"

@@ -6,7 +6,7 @@ lends for that one statement, which then serves other clients: nothing ever
 reaches the listener (a ``wait_s`` then waits its full time). So the
 listeners (``tickets/waits.py``, ``runtime/dispatcher.py``) connect to
 ``DATABASE_LISTEN_URL`` when it is set: PostgreSQL directly or a pool in
-session mode (docs/deploy.md, "Pooling"); otherwise to ``DATABASE_URL`` like
+session mode (docs/howto/pgbouncer.md); otherwise to ``DATABASE_URL`` like
 everything else.
 
 The parameters are read in the caller's thread (Django's connection settings

@@ -212,7 +212,7 @@ def _verifying_context(cafile: str | None, capath: str | None) -> ssl.SSLContext
 
 def tls_context() -> ssl.SSLContext:
     """The verifying TLS context of every outbound call, one per process and
-    CA setting: building one loads the CA bundle (21 ms of CPU here), which
+    CA setting: building one loads the CA bundle, which
     per call would be most of a webhook attempt's worker CPU (bench/costs.py).
     A context is safe to share between threads and connections once
     configured, and nothing here configures it after."""

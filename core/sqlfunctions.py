@@ -14,7 +14,7 @@ A function whose installed body already matches its file (the file's digest
 is kept as the function's comment) is left alone, so a ``migrate`` with
 nothing new does not invalidate every session's cached plans.
 
-Rolling upgrades (docs/deploy.md, "Upgrades"): ``migrate`` of a release runs
+Rolling upgrades (docs/howto/upgrade.md): ``migrate`` of a release runs
 while the previous release's web and workers keep calling these functions.
 So a changed body replaces the old one in place (``CREATE OR REPLACE``: the
 callers of the same signature go on, and each session re-plans), but a
@@ -62,7 +62,7 @@ def _signature_changed(path: Path, name: str, detail: str) -> SignatureChanged:
         f"{path}: {detail}. The running release still calls {name} as it was: give the "
         f"changed function a new versioned name ({name}_v2.sql, called by the new release) "
         f"and list the old signature in {path.parent / RETIRED} for `manage.py post_deploy` "
-        "(docs/deploy.md, Upgrades)"
+        "(docs/howto/upgrade.md)"
     )
 
 
@@ -167,8 +167,8 @@ def call_cursor() -> Iterator[CursorWrapper]:
     never reached), so each call stays one unnamed statement, as PgBouncer
     before 1.21 in transaction mode needs. With ``DATABASE_PREPARED_CALLS``
     each call is a named prepared statement of its connection, planned once
-    per server session (about 0.1 ms less a call: bench/README.md); only
+    per server session (no planning on each call); only
     where a client connection keeps its server session or the pooler
-    tracks prepared statements (docs/deploy.md)."""
+    tracks prepared statements (docs/howto/pgbouncer.md)."""
     with connection.function_cursor(prepared=settings.DATABASE_PREPARED_CALLS) as cur:
         yield cur

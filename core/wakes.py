@@ -5,7 +5,7 @@ Why not in the transaction: PostgreSQL serialises the commits of notifying
 transactions cluster-wide (``PreCommit_Notify`` holds one lock from the
 notification queue's append until the commit record is flushed), so
 notifying write transactions cannot share a WAL flush and admissions stop
-scaling with clients at a few thousand a second (docs/scale.md). A
+scaling with clients at a few thousand a second (docs/explanation/scale.md). A
 transaction that only notifies writes no WAL and holds that lock for
 microseconds.
 

@@ -1,4 +1,4 @@
-"""gunicorn settings for Claimcheck (docs/deploy.md). Command-line flags win
+"""gunicorn settings for Claimcheck (docs/howto/deploy.md). Command-line flags win
 over these; the environment tunes them without editing the file.
 
     gunicorn config.wsgi:application -c deploy/gunicorn.conf.py

@@ -56,7 +56,7 @@ WHERE endpoint_id = %(endpoint)s AND number = ANY(%(numbers)s)
 # One generation's newest turns, by its seq range given as values: with the
 # bounds known the planner walks the (endpoint, seq) index backwards and
 # stops at the limit (with the bounds from a join it guessed a few hundred
-# rows and read all 50,000 of the endpoint's turns, 245 ms, to sort them).
+# rows and read every turn of the endpoint to sort them).
 _SAMPLE_SQL = """
 SELECT count(*),
     count(*) FILTER (WHERE s.state = 'completed'),
@@ -83,8 +83,8 @@ def outcomes(endpoint: Endpoint, numbers: list[int]) -> dict[int, dict[str, Any]
     and p50 / p95 run time of those that ended on evidence (``measured``;
     a quarantined turn's end is not known). Reads at most
     ``OUTCOME_SAMPLE`` rows of the (endpoint, seq) index per generation,
-    however many turns it ran (counting all 50,000 of a generation at a
-    million tickets took 275 ms)."""
+    however many turns it ran (counting them all would grow with the
+    ledger)."""
     if not numbers:
         return {}
     result = {}

@@ -22,7 +22,7 @@ class EndpointState(models.TextChoices):
     # available <-> quarantined; only an owner decision leaves quarantine.
     # A pause is not a state: it is the owner's flag ``paused_at``, beside the
     # state, so a pause and a quarantine can hold at once and neither clears
-    # the other (docs/design.md, "Pause").
+    # the other (docs/explanation/design.md, "Pause").
     AVAILABLE = "available"
     QUARANTINED = "quarantined"
 
@@ -31,7 +31,7 @@ class BusyPolicy(models.TextChoices):
     ENQUEUE = "enqueue"
     REJECT = "reject"
     # A new ticket queues and asks the turn running at its admission to stop
-    # (docs/design.md, "Busy policies"); queued tickets are never cancelled.
+    # (docs/explanation/design.md, "Busy policies"); queued tickets are never cancelled.
     INTERRUPT = "interrupt"
 
 

@@ -199,7 +199,7 @@ def move_alias(*, alias: str, to_address: str, reason: str, actor: str = "") -> 
     transaction with the alias row locked. Tickets admitted through it
     before stay and finish where they were admitted; their dedupe keys keep
     their identity through the alias (claimcheck_admit looks a key up on
-    every endpoint the alias pointed to: docs/design.md, "Routes that
+    every endpoint the alias pointed to: docs/explanation/design.md, "Routes that
     move"). The lock on the alias row also waits out every admission that
     read the old route and has not committed yet (they hold it FOR SHARE)."""
     reason = (reason or "").strip()
@@ -498,7 +498,7 @@ def add_owner(*, address: str, user, actor: str = "") -> Endpoint:
     return endpoint
 
 
-# --- Pause and resume (docs/design.md, "Pause") -----------------------------------
+# --- Pause and resume (docs/explanation/design.md, "Pause") -----------------------------------
 
 
 def required_reason(reason: Any, what: str) -> str:
@@ -510,4 +510,4 @@ def required_reason(reason: Any, what: str) -> str:
     return reason
 
 
-# --- A worker's consuming (docs/operations.md, "Draining a worker") ------------------
+# --- A worker's consuming (docs/howto/operations.md, "Draining a worker") ------------------

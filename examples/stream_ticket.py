@@ -1,5 +1,5 @@
 """Submit a prompt to ``make run``'s offline demo agent and print its steps
-as they happen (``GET /api/v1/tickets/{id}/stream``, docs/streaming.md).
+as they happen (``GET /api/v1/tickets/{id}/stream``, docs/howto/streaming.md).
 
     make run   # in another shell: web, workers, the demo key in var/demo_api_key
     .venv/bin/python examples/stream_ticket.py "slow 2"

@@ -357,16 +357,6 @@ def tool_calls(ticket_id: uuid.UUID, *, turn_id: uuid.UUID | None = None) -> lis
     return list(calls.values())
 
 
-def open_case_id(endpoint_id: int) -> uuid.UUID | None:
-    """The id of the endpoint's open case, or None (one at most: the
-    ``one_open_case_per_endpoint`` constraint)."""
-    return (
-        RecoveryCase.objects.filter(endpoint_id=endpoint_id, state=CaseState.OPEN)
-        .values_list("id", flat=True)
-        .first()
-    )
-
-
 def process_stop_payload(stop) -> dict[str, Any]:
     return {
         "id": str(stop.id),

@@ -497,7 +497,7 @@ def stop_process(
     *, case_id: uuid.UUID | str, user: AbstractBaseUser, rationale: str | None
 ) -> ProcessStop:
     """An owner's "stop the process" for an inline turn that still holds a
-    worker slot after its case was decided (docs/design.md, "Reclaiming a
+    worker slot after its case was decided (docs/explanation/design.md, "Reclaiming a
     slot"). Recorded like a decision (actor, rationale, a ticket event); the
     kill is carried out after commit by the worker on the recorded host,
     targeting the recorded pid, only while its slot still names this turn.

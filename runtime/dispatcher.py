@@ -1,4 +1,4 @@
-"""The dispatcher: publishes the turns the ledger owes (docs/design.md, flow 2).
+"""The dispatcher: publishes the turns the ledger owes (docs/explanation/design.md, flow 2).
 
 Admission never talks to the broker. Its statement marks the new ticket
 ``needs_dispatch`` and, once it commits, the admitting process NOTIFYs
@@ -94,8 +94,8 @@ class Dispatcher(threading.Thread):
         but not before ``not_before`` (``DISPATCHER_MIN_GAP_S`` after the
         last pass began), then what else arrived is drained: one pass serves
         them all. A burst of admissions (each one notifies) costs a pass per
-        gap, not one each (a pass is about 1 ms of the database's time with
-        twenty endpoints queued); the first admission after a quiet spell is
+        gap, not one each (every pass is a statement over the queued
+        endpoints); the first admission after a quiet spell is
         served at once. Short slices so that stop() is seen promptly."""
         poll = settings.DISPATCHER_POLL_S
         waited = 0.0

@@ -1,5 +1,5 @@
 """Process isolation of a ``python`` (or ``agent``) runner's turn
-(docs/design.md, "Turn isolation").
+(docs/explanation/design.md, "Turn isolation").
 
 Each worker slot (a pool process, the supervisor) keeps one warm child: a
 process it forked ahead, which runs one turn at a time. The supervisor sends
@@ -70,16 +70,6 @@ log = logging.getLogger(__name__)
 REAP_AFTER_KILL_S = 2.0
 # How long a child told to exit (after an interrupted turn) has to do so.
 EXIT_WAIT_S = 5.0
-
-# The turns this process supervises right now (turn id -> child); the worker's
-# shutdown interrupts them (runtime.worker).
-_running: dict[str, IsolatedTurn] = {}
-_running_lock = threading.Lock()
-
-
-def running_turns() -> list[IsolatedTurn]:
-    with _running_lock:
-        return list(_running.values())
 
 
 def _die_with_parent() -> None:
@@ -222,12 +212,10 @@ _used = False
 def _forget_inherited() -> None:
     """In any process forked from this one (a warm child, a pool process):
     the children above are its parent's, not its own."""
-    global _idle_lock, _running_lock, _used
+    global _idle_lock, _used
     _idle.clear()
     _exiting.clear()
-    _running.clear()
     _idle_lock = threading.Lock()
-    _running_lock = threading.Lock()
     _used = False
 
 
@@ -606,14 +594,10 @@ def run_isolated(ctx: TurnContext, run, *, kill_after_s: float) -> Outcome:
         grace_s=ctx.interrupt_grace_s,
         kill_after_s=kill_after_s,
     )
-    with _running_lock:
-        _running[turn.turn_id] = turn
     log.info("turn %s runs in process %s", ctx.turn_id, child.pid)
     try:
         return _supervise(ctx, turn)
     finally:
-        with _running_lock:
-            _running.pop(turn.turn_id, None)
         child.turns += 1
         if turn.fit and turn.status is None and child.keep and child.turns < _recycle_turns():
             _give_back(child)

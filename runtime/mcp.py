@@ -1,4 +1,4 @@
-"""The runtime's MCP tool (config/mcp.py, docs/mcp.md): a ticket's cancel,
+"""The runtime's MCP tool (config/mcp.py, docs/reference/mcp.md): a ticket's cancel,
 which interrupts a running ticket's turn. As the ticket tools
 (tickets/mcp.py), it calls the very route handler the API calls."""
 

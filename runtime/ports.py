@@ -1,7 +1,7 @@
 """What the runtime asks of recovery, the app above it, without importing it.
 
 Recovery cases and their evidence belong to ``recovery``, which sits above
-``runtime`` (docs/design.md, "Layers"): recovery drives the runtime (a
+``runtime`` (docs/explanation/design.md, "Layers"): recovery drives the runtime (a
 decision resolves an uncertain turn, a stop request reaches a worker), so
 the runtime cannot import recovery back. Yet the runtime is where a turn
 becomes uncertain, where late evidence about it arrives and where a worker

@@ -1,5 +1,5 @@
 """The worker registry: workers register and heartbeat themselves; each pool
-process records the turn it runs (docs/design.md, "Worker registry").
+process records the turn it runs (docs/explanation/design.md, "Worker registry").
 
 Writes only: the worker's own row and its slots. What the rows mean (idle,
 running, interrupting, held, lost) is read by ``runtime.selectors``."""

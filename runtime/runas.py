@@ -1,4 +1,4 @@
-"""Who a turn's own process runs as (docs/deploy.md, "The runner user").
+"""Who a turn's own process runs as (docs/howto/deploy.md, "The runner user").
 
 A command's process and a process-isolated turn's process run as
 ``RUNNER_USER``, an unprivileged user that is not the worker's. What a turn
@@ -13,8 +13,8 @@ Only a worker started as root switches: a command starts through
 util-linux's ``setpriv`` (``--reuid --regid --clear-groups``), the forked
 turn process calls ``setgroups``/``setresgid``/``setresuid``. (``subprocess``'s
 own ``user``/``group`` would do for a command too, but they make it fork the
-whole worker instead of using vfork: 40 ms a command in a worker of 110 MB
-against 4 ms through ``setpriv``.) Going
+whole worker instead of using vfork, a cost that grows with the worker's
+memory on every command.) Going
 from root to an unprivileged user clears every capability (the kernel's
 rule for a change of user ids away from 0), so nothing the turn runs can
 switch back; and root signals the runner user's process groups (the
@@ -110,7 +110,7 @@ def check_at_start() -> None:
             raise Unavailable(
                 f"RUNNER_USER={name} needs the turns worker to start as root (it switches "
                 f"each turn's process to {name}); this worker runs as uid {os.geteuid()}. "
-                "Start it as root (docs/deploy.md, 'The runner user') or set RUNNER_USER= "
+                "Start it as root (docs/howto/deploy.md, 'The runner user') or set RUNNER_USER= "
                 "to run turns as this worker's user"
             )
         log.info("turns run as this worker's user (uid %s): not started as root", os.geteuid())
@@ -127,7 +127,7 @@ def check_at_start() -> None:
             "user %s does not exist: command and process-isolated turns run as ROOT and can "
             "read this worker's environment, the runner secrets file and var/. Create it "
             "(useradd --system --no-create-home --shell /usr/sbin/nologin %s) or set "
-            "RUNNER_USER (docs/deploy.md, 'The runner user')",
+            "RUNNER_USER (docs/howto/deploy.md, 'The runner user')",
             name,
             name,
         )
@@ -178,7 +178,7 @@ def become(user: RunAs) -> None:
     the process non-dumpable on the change of user, so its own
     ``/proc/self/environ`` (the worker's first environment, still in its
     memory) is out of the turn's reach. What stays readable is the rest of
-    the fork's memory: the worker's loaded settings (docs/deploy.md)."""
+    the fork's memory: the worker's loaded settings (docs/howto/deploy.md)."""
     from core import secrets
 
     os.setgroups([])

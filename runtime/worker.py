@@ -1,4 +1,4 @@
-"""The turns worker's shutdown (docs/design.md, "Worker shutdown").
+"""The turns worker's shutdown (docs/explanation/design.md, "Worker shutdown").
 
 On SIGTERM (or the first Ctrl-C) Celery's main process stops taking messages
 and waits for its pool. The pool processes hear the shutdown too: from a

@@ -1,7 +1,7 @@
 """`make run`: install what running needs, start the embedded PostgreSQL and
 Redis, migrate, seed the demo, then supervise web, the turns worker, the
-control worker and beat until Ctrl-C (README, "The embedded default" and
-"The supervisor").
+control worker and beat until Ctrl-C (docs/reference/commands.md,
+"make run" and "The supervisor").
 
 Standard library only: it runs on the machine's Python 3.11+ before the
 virtual environment exists, and installs it (step 1).
@@ -40,7 +40,7 @@ application process itself, not its process group, as systemd's
 Celery worker's idle pool processes as well as its main process, and
 billiard's handler makes a second SIGTERM fatal while it unwinds: 4 of 11
 stops left a pool process dead inside the pool's queue lock and the main
-process waiting for it (docs/design.md, "Worker shutdown"). The main process
+process waiting for it (docs/explanation/design.md, "Worker shutdown"). The main process
 stops its own pool and passes SIGTERM to pool processes running a turn.
 Whatever still runs ``RUN_STOP_WAIT_S`` (default 10) after the SIGTERM gets
 SIGKILL, group and all; then the servers get their fast shutdown (SIGINT
@@ -572,7 +572,8 @@ class Supervisor:
         env["PORT"] = str(self.port)
         # The installed frameworks (demo.agent, examples/) are imported once
         # in the worker's main process, not in every pool process's first
-        # turn (runtime/worker.py): 15 s a turn for the Agents SDK here.
+        # turn (runtime/worker.py), where the import would eat into the
+        # first agent turn's budget.
         env.setdefault("AGENT_PRELOAD", ",".join(FRAMEWORKS[e] for e in EXTRAS if e in FRAMEWORKS))
         # The examples' agents (examples/, seeded by seed_demo) run on these
         # workers: their allow-list takes them.
@@ -584,7 +585,7 @@ class Supervisor:
         env.setdefault("GUNICORN_THREADS", "8")
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if metrics:
-            # One metrics directory for web and workers (docs/operations.md),
+            # One metrics directory for web and workers (docs/howto/operations.md),
             # emptied before they start; migrate and seed_demo count nothing.
             env["PROMETHEUS_MULTIPROC_DIR"] = str(self.var / "metrics")
         return env
@@ -703,7 +704,7 @@ class Supervisor:
         checkout's own, in var/demo_api_key)."""
         if not self.demo_key:
             return
-        say(f'{self.login}; the first request (README, "Two commands"):')
+        say(f'{self.login}; the first request (README, "The first request"):')
         print(
             f"  curl -s -X POST http://127.0.0.1:{self.port}/api/v1/tickets \\\n"
             f"    -H 'Authorization: Bearer {self.demo_key}' "

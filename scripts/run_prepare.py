@@ -50,6 +50,6 @@ def main() -> int:
 if __name__ == "__main__":
     code = main()
     # Nothing left to tidy: the interpreter's own teardown of Django, Celery
-    # and their imports took 3-5 s here on a busy machine.
+    # and their imports is slow on a busy machine.
     sys.stdout.flush()
     os._exit(code)

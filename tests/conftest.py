@@ -106,7 +106,7 @@ def _own_broker_per_xdist_worker() -> None:
     app.conf.update(broker_url=url, broker_read_url=url, broker_write_url=url)
 
 
-# The runner allow-list the tests need (README "Tests"): the demo runners,
+# The runner allow-list the tests need (CONTRIBUTING.md, "The test suite"): the demo runners,
 # runners under tests/, and commands run by this interpreter. The worker
 # processes get the same lists through _test_env.
 TEST_RUNNER_PYTHON_PREFIXES = ["runtime.demo.", "tests."]

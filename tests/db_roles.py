@@ -1,4 +1,4 @@
-"""The test run's two database roles (README, "Database roles").
+"""The test run's two database roles (docs/howto/production.md).
 
 `make test` sets DATABASE_URL to the owner role and DATABASE_APP_ROLE to the
 application role. pytest-django creates and migrates the test database as the

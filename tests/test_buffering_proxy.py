@@ -1,5 +1,5 @@
 """Slow clients without a key hold gunicorn's gthread threads; nginx as
-deployed (deploy/nginx.conf, docs/deploy.md) in front of it does not let
+deployed (deploy/nginx.conf, docs/howto/deploy.md) in front of it does not let
 them, and refuses a flood per client address at the edge in the API's shape.
 
 gunicorn runs with the production configuration (deploy/gunicorn.conf.py),

@@ -1,4 +1,4 @@
-"""The two-role setup (README, "Database roles") on real PostgreSQL: the
+"""The two-role setup (docs/howto/production.md) on real PostgreSQL: the
 application role that web and workers connect as may read and write rows and
 nothing more, so it cannot empty, rewrite, unprotect or drop the append-only
 ledger; the owner role cannot empty it either outside a maintenance session;

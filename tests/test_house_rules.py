@@ -217,9 +217,8 @@ def test_no_index_is_a_prefix_of_another_on_the_same_table():
 
 @pytest.mark.django_db
 def test_an_index_of_a_nullable_ledger_column_holds_only_the_rows_that_set_it():
-    """Bytes per ticket (issue 12) and index entries per ticket version
-    (tickets migration 0003): an index led by a nullable column of the
-    ticket or event table, unique or not, holds an entry for every row
+    """Bytes per ticket and index entries per ticket version: an index led
+    by a nullable column of the ticket or event table, unique or not, holds an entry for every row
     version, NULL or not. A ticket is written three times or more, none of
     them a HOT update; a reference most tickets leave empty (parent, re-run,
     approver, callback), or leave empty for a while (a queued ticket's turn)
@@ -253,7 +252,7 @@ def test_an_index_of_a_nullable_ledger_column_holds_only_the_rows_that_set_it():
 def test_an_event_names_its_turn_without_a_foreign_key_or_an_index():
     """The event's turn is informational (the statement that writes it holds
     the turn): a foreign key cost a check on every turn event, and its index
-    an entry per event, mostly NULL (tickets migration 0011). The event's
+    an entry per event, mostly NULL. The event's
     ticket keeps both."""
     from django.db import connection
 

@@ -201,7 +201,7 @@ class Lifecycle(RuleBasedStateMachine):
         e = self.eps[name]
         value = {"n": n}
         existing = self.by_key(e.address, key)
-        # The rule for reject (docs/api.md): 409 while a turn holds the lock or
+        # The rule for reject (docs/reference/api.md): 409 while a turn holds the lock or
         # a ticket already waits to start; a reject endpoint never queues two.
         busy = e.reject and (
             e.holder is not None

@@ -1,4 +1,4 @@
-"""The topology docs/deploy.md recommends, run: PgBouncer in transaction mode
+"""The topology docs/howto/deploy.md recommends, run: PgBouncer in transaction mode
 in front of the web (gunicorn with deploy/gunicorn.conf.py) and a turns
 worker; the control worker and beat connect directly; the LISTEN sessions
 (the web's ticket waits, every worker's dispatcher) connect directly through
@@ -150,7 +150,7 @@ def test_recommended_topology_behind_pgbouncer_in_transaction_mode(
         "DB_CONN_MAX_AGE": "60",
         "CONSOLE_LIVE_WAIT_S": str(WAIT_S),
     }
-    # Behind PgBouncer 1.18 in transaction mode, as docs/deploy.md says: the
+    # Behind PgBouncer 1.18 in transaction mode, as docs/howto/deploy.md says: the
     # functions' calls are unnamed statements (the suite's own are prepared).
     pooled_env = {**common, "DATABASE_URL": pgbouncer, "DATABASE_PREPARED_CALLS": "0"}
     purge_broker()

@@ -1,4 +1,4 @@
-"""A rolling upgrade from the previous release, in docs/deploy.md's order,
+"""A rolling upgrade from the previous release, in docs/howto/upgrade.md's order,
 under steady admissions, with work parked across it.
 
 The previous release is the newest CHANGELOG.md names by its commit; its
@@ -133,7 +133,7 @@ class Release:
 
     def manage(self, *args: str, owner: bool = False, timeout: float = 240) -> str:
         env = dict(self.env)
-        if owner:  # migrate and post_deploy: the owner role, as deploy.md says
+        if owner:  # migrate and post_deploy: the owner role, as upgrade.md says
             env["DATABASE_URL"] = _url(self.database)
             if settings.DATABASE_APP_ROLE:
                 env["DATABASE_APP_ROLE"] = settings.DATABASE_APP_ROLE

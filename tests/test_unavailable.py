@@ -158,7 +158,7 @@ def test_mcp_during_an_outage_is_503_or_an_unavailable_tool_error(
 def test_mcp_tool_errors_in_an_outage_are_the_documented_503_logged_as_503s_are(
     client, api_key, make_endpoint, settings, caplog, monkeypatch
 ):
-    """A tool that meets an outage answers the API's 503 body (docs/mcp.md
+    """A tool that meets an outage answers the API's 503 body (docs/reference/mcp.md
     "Errors") and is logged as every 503 is: one WARNING naming /mcp, the
     tool and the cause, then none for the next calls within the second
     (the middleware's throttle, shared), never an ERROR."""

@@ -374,8 +374,8 @@ def _admitted(
     row: Row, *, ticket_id: uuid.UUID, params: dict[str, Any], input_json: str
 ) -> Admitted:
     """The ticket as the function inserted it, loaded as the ORM loads a row
-    (from_db: positional, no keyword handling; 0.15 ms of a 0.9 ms admission
-    went to Ticket(**fields)). The fields it leaves out are NULL."""
+    (from_db: positional, without the keyword handling of Ticket(**fields),
+    a noticeable share of an admission's time). The fields it leaves out are NULL."""
     status, endpoint_id, canonical_address = row["status"], row["endpoint"], row["address"]
     return_to_id, trace, depth, root = row["return_to"], row["trace"], row["depth"], row["root"]
     if status == "admitted_flagged":

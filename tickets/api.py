@@ -186,7 +186,7 @@ def list_tickets(
         Query(
             description="Terms inside input and result, all of which must hold: "
             "`input.<key>[.<key>...]:<value>` or `result.<key>...:<value>`, separated by "
-            f"spaces, at most {search_terms.MAX_CHARS} characters (docs/api.md, Search). "
+            f"spaces, at most {search_terms.MAX_CHARS} characters (docs/reference/api.md, Search). "
             "400 `invalid_search` when one does not parse."
         ),
     ] = None,
@@ -227,7 +227,7 @@ _STREAM_DOC = {
             "`event:` its kind, `data:` the JSON of a `GET /tickets/{id}/events` item; "
             "`: keep-alive` comments while nothing happens; `event: end` (data "
             '`{"state": ...}`) once the ticket is terminal. It ends without `end` after '
-            "`STREAM_MAX_S`: reconnect with `Last-Event-ID` (docs/streaming.md).",
+            "`STREAM_MAX_S`: reconnect with `Last-Event-ID` (docs/howto/streaming.md).",
             # OpenAPI 3.2's itemSchema: each SSE message of the stream.
             "content": {
                 streams.MEDIA_TYPE: {

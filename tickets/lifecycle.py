@@ -76,7 +76,7 @@ def transition(
             opened = terminal_hooks.open_delivery(*terminal)
             if opened is not None:
                 # One event for the one transaction: the terminal event
-                # records the delivery it opened (issue 12: bytes per ticket).
+                # records the delivery it opened (fewer bytes per ticket).
                 detail = {**(detail or {}), "delivery_opened": opened}
         append_event(
             ticket_id=ticket_id,

@@ -1,4 +1,4 @@
-"""The ticket tools of the MCP server at ``/mcp`` (config/mcp.py, docs/mcp.md).
+"""The ticket tools of the MCP server at ``/mcp`` (config/mcp.py, docs/reference/mcp.md).
 
 Each tool is a route of the API by another door: its arguments are the
 route's (the same pydantic models where the route has a body), and it calls
@@ -98,7 +98,7 @@ class SearchIn(Strict):
         max_length=search_terms.MAX_CHARS,
         description="A ticket id (whole, or its head or tail of 4+ characters), a dedupe "
         "key, or a trace id; and/or terms inside input and result, all of which must hold: "
-        'input.customer:42, result.status:"needs review" (docs/api.md, Search).',
+        'input.customer:42, result.status:"needs review" (docs/reference/api.md, Search).',
     )
     endpoint: str | None = Field(default=None, max_length=limits.ADDRESS_CHARS)
     state: str | None = None
@@ -178,7 +178,7 @@ TOOLS = [
             "(duplicate: true). With wait_s the call waits up to that long for a terminal "
             "state. The work runs asynchronously: follow it with wait_for_ticket or get_ticket. "
             "A request that declares the MCP tasks extension gets a task (its id the ticket's) "
-            "while the ticket has not finished (docs/mcp.md, Tasks)."
+            "while the ticket has not finished (docs/reference/mcp.md, Tasks)."
         ),
         params=SubmitIn,
         output=TicketOut,

@@ -257,10 +257,10 @@ class Ticket(models.Model):
             # Every state but the one most tickets end in: a page of succeeded
             # tickets walks the primary key newest first (nearly every row
             # matches), and the index costs an entry only for the others
-            # (tickets migration 0012; issue 12: bytes per ticket). Nor
+            # (fewer bytes per ticket). Nor
             # queued ones: those are ticket_queued_idx's, by endpoint, and
             # with queued tickets here a turn's generic plan could walk
-            # every endpoint's queue for its own next ticket (migration 0014).
+            # every endpoint's queue for its own next ticket.
             models.Index(
                 fields=["state", "-id"],
                 name="ticket_state_id_idx",
@@ -319,8 +319,8 @@ class Ticket(models.Model):
                 condition=Q(result__isnull=False),
             ),
             # The same paths under the ticket's submitter and its endpoint,
-            # ticket_search_scoped_idx, is tickets migration 0005's (an
-            # expression with an operator class: SQL of its own).
+            # ticket_search_scoped_idx, is built in SQL in the initial
+            # migration (an expression with an operator class).
             # The references a ticket may not have: only the tickets that
             # have one (a queued ticket has no turn yet). A lookup by value
             # (``turn_id = %s``, a foreign key's check) implies NOT NULL, so
@@ -369,7 +369,7 @@ class TicketEvent(models.Model):
     actor = models.CharField(max_length=200, blank=True, default="")
     # Informational: the statement that writes the event holds the turn. No
     # foreign key (a check on every turn event) and no index (nothing looks
-    # events up by turn): tickets migration 0011.
+    # events up by turn).
     turn = models.ForeignKey(
         "runtime.Turn",
         null=True,

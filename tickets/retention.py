@@ -247,7 +247,7 @@ def prune(
     Every commit on the primary flushes the WAL written before its own
     commit record, a batch's deletions included, so an admission's commit
     waits behind whatever the prune wrote since the last flush; the pause
-    bounds that (docs/operations.md, Retention). ``max_s`` ends the run after
+    bounds that (docs/howto/operations.md, Retention). ``max_s`` ends the run after
     the batch that passes it, and ``stop`` (set by another thread) after the
     current batch, with ``complete`` False; the next run goes on from there."""
     if older_than_days < 1:

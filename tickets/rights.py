@@ -1,5 +1,5 @@
 """Children carry their submitter's rights: where a ticket the runtime
-admits for another ticket may go (docs/api.md, "Who may submit where").
+admits for another ticket may go (docs/reference/api.md, "Who may submit where").
 
 A runner chooses its children's endpoints, and a runner may take them from
 its ticket's input: the runtime admitting them with no check would let

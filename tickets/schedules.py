@@ -1,5 +1,5 @@
 """Schedules: every write of a schedule and its slots, and the firing pass
-beat runs (docs/schedules.md).
+beat runs (docs/howto/schedules.md).
 
 A schedule names an endpoint, a cron expression (in its ``timezone``) or a
 period ``every_s`` (aligned to the Unix epoch: every 3600 s fires on the UTC

@@ -1,4 +1,4 @@
-"""Schedule routes (API.md "Schedules", docs/schedules.md): parse, call one
+"""Schedule routes (API.md "Schedules", docs/howto/schedules.md): parse, call one
 service in tickets/schedules.py, render. The endpoint's owners and staff
 only; anyone else's schedule is 404, creating one for an endpoint they do
 not own is 403."""

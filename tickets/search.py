@@ -243,7 +243,8 @@ def matching(terms: list[Term]) -> Q:
 # --- Scopes: the terms among the tickets a caller may see ---------------------------------------
 
 # The ticket's input and result under its submitter's and its endpoint's
-# name (tickets migration 0005, ``ticket_search_scoped_idx``):
+# name (``ticket_search_scoped_idx``, SQL of its own in tickets' initial
+# migration):
 # ``{"s<submitter>": {"input": ..., "result": ...}, "e<endpoint>": {...}}``.
 SCOPED = Func(
     F("submitted_by"),

@@ -368,7 +368,7 @@ def find_tickets(
                     high = uuid.UUID(bare.ljust(32, "f"))
                     branches.append(base.filter(id__gte=low, id__lte=high))
                 # A tail, typed with its dashes or without: ticket_id_tail_idx
-                # (console migration 0003) holds the reversed last group (12
+                # holds the reversed last group (12
                 # characters); the whole tail is checked on what it finds.
                 liat = (fragment if "-" in fragment else _dashed_tail(fragment))[::-1]
                 branches.append(
@@ -413,7 +413,7 @@ def _dashed_tail(bare: str) -> str:
 def awaiting_approval(*, user, limit: int = 20) -> tuple[list[Ticket], bool]:
     """The newest tickets the user may see whose delivery waits for an
     owner's approval, and whether there are more than ``limit``
-    (ticket_delivery_idx, console migration 0002, serves it)."""
+    (ticket_delivery_idx serves it)."""
     rows = list(
         visible_tickets(user)
         .filter(delivery_state=DeliveryState.AWAITING_APPROVAL)

@@ -4,7 +4,7 @@ A ticket admitted to an ``interrupt`` endpoint while a turn runs there
 supersedes that turn: once the admission commits, the turn is asked to stop
 through the runtime's normal budget path (``runtime.turns.request_interrupt``:
 the cooperative flag, the grace, the escalation, and quarantine when the
-stop is unproven). ``tickets`` sits below ``runtime`` (docs/design.md,
+stop is unproven). ``tickets`` sits below ``runtime`` (docs/explanation/design.md,
 "Layers"), so the runtime registers that request here at start-up
 (``RuntimeConfig.ready``) rather than being imported."""
 

@@ -104,7 +104,7 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 3. A late outcome (docs/design.md): the runner returned before the
+    -- 3. A late outcome (docs/explanation/design.md): the runner returned before the
     --    interrupt was requested, within budget + grace.
     IF u.state = 'interrupting' AND p_kind IN ('success', 'failure', 'wait')
             AND v_returned_by IS NOT NULL AND u.interrupt_requested_at IS NOT NULL

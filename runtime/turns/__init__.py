@@ -1,7 +1,7 @@
 """The turn runtime: start, heartbeat, finish and interrupt exact turns; the
 sweeps that enforce budgets and re-dispatch lost work; quarantine.
 
-One module for each part of a turn's life (docs/design.md, "The runtime"):
+One module for each part of a turn's life (docs/explanation/design.md, "The runtime"):
 
 - ``start``      the lock row, the fencing token, the Turn row; ``queued -> running``
 - ``heartbeats`` liveness of a running turn, and the worker's heartbeat thread

@@ -1,6 +1,6 @@
 """Interrupts, the worker's own enforcement of a turn's budget, and the
 budget sweep: deadlines, lost heartbeats and interrupts whose grace has run
-out (DESIGN.md flow 3; docs/design.md, "Budget")."""
+out (DESIGN.md flow 3; docs/explanation/design.md, "Budget")."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def request_interrupt(
     exact = {"seq": seq} if seq is not None else {}
     with transaction.atomic():
         # The database's clock, like the turn's started_at: a late outcome is
-        # judged by comparing the two (docs/design.md, "A late outcome").
+        # judged by comparing the two (docs/explanation/design.md, "A late outcome").
         updated = Turn.objects.filter(id=turn_id, state=TurnState.RUNNING, **exact).update(
             state=TurnState.INTERRUPTING, interrupt_requested_at=Now(), interrupt_reason=reason
         )
@@ -93,7 +93,7 @@ WORKER_ACTOR = "worker:budget"
 
 class BudgetWatch:
     """The budget of one turn, enforced by the worker process that runs it,
-    with no sweep, control worker or beat involved (docs/design.md,
+    with no sweep, control worker or beat involved (docs/explanation/design.md,
     "Budget").
 
     The worker's heartbeat thread calls ``step`` whenever ``due`` passes:
@@ -290,7 +290,7 @@ def _held_off(turn: Turn, now: datetime) -> bool:
     for the database (behind a pooler, up to ``server_login_retry`` longer
     than the sweep's direct connection). For at most ``FINISH_RETRY_MAX_S``
     past the stop window, as long as the worker retries its finish; its
-    finish is then judged as any late outcome (docs/design.md, "A late
+    finish is then judged as any late outcome (docs/explanation/design.md, "A late
     outcome")."""
     limit = timedelta(seconds=_stop_window(turn) + settings.FINISH_RETRY_MAX_S)
     if turn.interrupt_requested_at + limit <= now:

@@ -106,8 +106,8 @@ def dispatch_next(*, endpoint_id: int) -> None:
 # marked: a start always takes the oldest queued ticket (FIFO), so an oldest
 # ticket without the mark has its message in flight, and that message will
 # start it (publishing another only makes a message that bounces: the race
-# between a finish's publish and this pass cost 0.2-0.4 extra messages per
-# ticket under load, bench/README.md round 5).
+# between a finish's publish and this pass would send extra messages under
+# load).
 #
 # - waiting: the endpoints with a queued ticket, one probe of
 #   ticket_queued_idx each (a loose index scan): O(endpoints with a queue),
@@ -168,10 +168,9 @@ def dispatch_owed(*, limit: int | None = None, session=None) -> list[uuid.UUID]:
     ``DATABASE_PREPARED_CALLS`` (Django's connection keeps its session, and
     so does this one, made from the same URL). Otherwise it may go through a
     transaction pooler (a misconfiguration where no notification arrives,
-    but where the poll still dispatches) and is not prepared. With twenty
-    endpoints queued a pass took 1.0-1.2 ms planned each time, 0.34-0.38 ms
-    prepared, and a busy pipeline makes a pass for most admissions
-    (bench/README.md). Without a session, Django's connection (prepared
+    but where the poll still dispatches) and is not prepared. Prepared, a
+    pass skips its planning, most of its cost, and a busy pipeline makes a
+    pass for most admissions. Without a session, Django's connection (prepared
     with ``DATABASE_PREPARED_CALLS``)."""
     limit = limit or settings.DISPATCHER_BATCH
     params = {"limit": limit}

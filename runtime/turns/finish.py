@@ -213,7 +213,7 @@ def finish_turn(
     ticket's turn that succeeded or failed needs none of them: one
     statement, its own transaction in autocommit.
 
-    A late outcome (docs/design.md, "A late outcome"): the finish of the
+    A late outcome (docs/explanation/design.md, "A late outcome"): the finish of the
     exact turn that finds it ``interrupting`` is its result when the runner
     ran to an outcome (success, failure, wait), the worker sent its run time
     ``ran_s`` (its monotonic clock, from before it sent the start to when
@@ -601,7 +601,7 @@ _ANSWER_CHAIN_MAX = 64
 
 
 def answers(ticket: Ticket, target: Ticket) -> bool:
-    """Whether ``ticket`` may resume the waiting ``target`` (docs/design.md,
+    """Whether ``ticket`` may resume the waiting ``target`` (docs/explanation/design.md,
     "Who completes a waiting ticket"): up through its re-runs and its
     callback link it reaches either a child of ``target`` (through a
     callback: the child's answer) or, with no callback link, ``target``'s

@@ -79,7 +79,7 @@ class Heartbeater:
 
     Its scheduled beats are made by the process's one heartbeat thread
     (``_HeartbeatThread``): a turn costs a dict entry, not a thread started and
-    joined (which was 8 % of a no-op turn in the worker, bench/README.md).
+    joined, a visible share of a short turn's cost in the worker.
 
     It outlives a database outage: a failed beat drops the thread's broken
     connection and the next one is tried sooner (capped backoff), so once the

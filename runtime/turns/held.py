@@ -15,7 +15,7 @@ announces nothing, and the sweep quarantines as before (fail closed).
 The budget sweep does not quarantine an interrupting turn that a live worker
 holds an outcome of (``holding``), for at most ``FINISH_RETRY_MAX_S`` past its
 stop window; the finish, when it lands, is judged as any late outcome
-(docs/design.md, "A late outcome").
+(docs/explanation/design.md, "A late outcome").
 
 Only a finish still under way after ``ANNOUNCE_AFTER_S`` is announced: one
 that lands in time costs a dict entry and no Redis round trip. The writes are

@@ -187,7 +187,7 @@ def test_a_last_event_id_that_is_not_an_id_is_400(server, api_key, endpoint):
 
 @pytest.mark.integration
 def test_the_streaming_example_runs_against_the_demo_agent(server, api_key, worker, endpoint):
-    """docs/streaming.md's example, as a user runs it (its own process)."""
+    """docs/howto/streaming.md's example, as a user runs it (its own process)."""
     import os
     import subprocess
     import sys

@@ -1,5 +1,5 @@
-"""The connection settings a pooled deployment needs (docs/deploy.md,
-"Pooling"): where the LISTEN sessions connect, and Django's own pool for the
+"""The connection settings a pooled deployment needs
+(docs/howto/pgbouncer.md): where the LISTEN sessions connect, and Django's own pool for the
 web, which Celery processes drop before they fork."""
 
 from __future__ import annotations

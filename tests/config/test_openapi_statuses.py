@@ -1,5 +1,5 @@
 """Every status a route answers is one its OpenAPI operation declares
-(config/openapi.py): each refusal the retry route documents in docs/api.md
+(config/openapi.py): each refusal the retry route documents in docs/reference/api.md
 (it admits a ticket, so admission's 423 and 429 too) is provoked for real
 and compared with the document."""
 

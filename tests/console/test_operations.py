@@ -39,7 +39,7 @@ def test_search_by_id_head_tail_dedupe_key_and_trace(client):
 
 def test_a_search_by_tail_reads_the_id_tail_index():
     """The tail's query narrows on the expression ticket_id_tail_idx holds
-    (console migration 0003: the id's reversed last group); were the two
+    (the id's reversed last group); were the two
     to drift apart, every tail search would read the whole ledger."""
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext

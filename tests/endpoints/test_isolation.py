@@ -1,4 +1,4 @@
-"""Process isolation of python turns (docs/design.md, "Turn isolation"): a
+"""Process isolation of python turns (docs/explanation/design.md, "Turn isolation"): a
 callable that ignores its interrupt is stopped by the escalation (SIGTERM,
 then SIGKILL) and the ``waitpid`` status of its own process is the evidence;
 the worker slot is free again. Real workers, real beat (0.5 s sweeps)."""
@@ -185,7 +185,7 @@ def test_sigterm_stops_the_running_turn_with_evidence_and_exits_in_time(
     (os.killpg if group else os.kill)(proc.pid, signal.SIGTERM)
     try:
         # In time: the grace, kill_after_s and "a few seconds" of Celery's
-        # warm shutdown (docs/design.md), far short of the 120 s turn. The
+        # warm shutdown (docs/explanation/design.md), far short of the 120 s turn. The
         # margin is 10 s: a fresh-clone run at load 7 took more than 5.
         proc.wait(timeout=grace + 0.5 + 10)
     except Exception:

@@ -1,4 +1,4 @@
-"""An owner's pause of an endpoint (docs/design.md, "Pause"), against real
+"""An owner's pause of an endpoint (docs/explanation/design.md, "Pause"), against real
 PostgreSQL: a pause racing a start (threads, real row locks), admission
 under both busy policies, the dispatcher and the lost-dispatch sweep
 leaving a paused endpoint alone, a release keeping the marks, pause and

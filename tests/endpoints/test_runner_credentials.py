@@ -1,5 +1,5 @@
 """A literal credential in a runner's settings is refused in every form it
-is recognisable in (endpoints/runner_spec.py, docs/api.md "Credentials are
+is recognisable in (endpoints/runner_spec.py, docs/reference/api.md "Credentials are
 named secrets"): by the name it stands under (a header, a query or fragment
 parameter, an argv option, alone or followed by its value), by the shape of
 the value itself (a provider's key format, a JWT, a private key block),

@@ -1,5 +1,5 @@
 """Command and process-isolated turns run as another, unprivileged user
-(``RUNNER_USER``, docs/deploy.md "The runner user"): the worker's
+(``RUNNER_USER``, docs/howto/deploy.md "The runner user"): the worker's
 environment (``/proc/<worker>/environ``), the runner secrets file and the
 worker's files are out of their reach, and a turn gets only the secrets its
 runner names. Needs root (the tests create their runner user)."""
@@ -52,7 +52,7 @@ def runner_user() -> pwd.struct_passwd:
 
 @pytest.fixture
 def secrets_file(settings):
-    """The runner secrets file as docs/deploy.md sets it: mode 0640, owned
+    """The runner secrets file as docs/howto/deploy.md sets it: mode 0640, owned
     by root and the worker's group, in a directory anyone may enter (so a
     refusal is the file's own mode, not its directory's)."""
     folder = Path(tempfile.mkdtemp(prefix="cc-runner-secrets-"))

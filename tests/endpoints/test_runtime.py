@@ -116,7 +116,7 @@ def test_a_waiting_ticket_cannot_be_resumed_by_another_endpoint(make_endpoint):
 
 
 def test_a_waiting_ticket_is_resumed_only_by_a_turn_that_answers_it(make_endpoint):
-    """docs/design.md "Who completes a waiting ticket": a ticket of the same
+    """docs/explanation/design.md "Who completes a waiting ticket": a ticket of the same
     endpoint whose input looks like a callback, and a callback of another
     waiting ticket's child, cannot resume it; its own child's callback can."""
     from runtime.runners import Outcome, Resume

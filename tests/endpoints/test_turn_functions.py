@@ -331,7 +331,7 @@ def test_a_start_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint, own
     (98 rows for a backlog of 98): O(backlog) per turn. By key, every node
     touches a handful of rows however many tickets wait, tk (the endpoint's
     oldest queued ticket) included since queued tickets are in
-    ticket_queued_idx alone (tickets migration 0014)."""
+    ticket_queued_idx alone."""
 
     _ledger_with_history(make_endpoint, "history")
     make_endpoint("backlog")

@@ -1,4 +1,4 @@
-"""The multi-host shape on one machine (`make multihost`; docs/deploy.md).
+"""The multi-host shape on one machine (`make multihost`; docs/howto/deploy.md).
 
 "Host A" and "host B" each run a web process (gunicorn) and a turns worker
 with its own node name and its own PROMETHEUS_MULTIPROC_DIR; one control

@@ -1,4 +1,4 @@
-"""Fault tests behind PgBouncer, the topology docs/deploy.md recommends: the
+"""Fault tests behind PgBouncer, the topology docs/howto/deploy.md recommends: the
 web and the turns workers connect through PgBouncer in transaction mode, the
 control worker and beat directly, the LISTEN sessions directly
 (``DATABASE_LISTEN_URL``).
@@ -171,7 +171,7 @@ def _returned(path: str, ids: list[str]) -> dict[str, float]:
 
 
 # Default first: the reduced set (`make test`) runs the one today's defaults
-# lose; the full set adds the recipe's (docs/deploy.md, "Pooling").
+# lose; the full set adds the recipe's (docs/howto/pgbouncer.md).
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("login_retry", [15, 1] if FULL else [15], ids=lambda r: f"retry{r}")
 def test_postgres_crash_behind_pgbouncer_keeps_finished_results(stack, record_figures, login_retry):

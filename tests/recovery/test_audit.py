@@ -288,7 +288,7 @@ def wait_on_a_child(address: str, child_address: str, n: int = 0) -> tuple[Ticke
 
 @pytest.mark.django_db
 def test_a_waiting_ticket_completed_by_its_approval_tickets_turn_passes(make_endpoint, staff_user):
-    """docs/design.md "Who completes a waiting ticket": an owner's approval
+    """docs/explanation/design.md "Who completes a waiting ticket": an owner's approval
     ticket's turn is one of the turns that may."""
     make_endpoint("audit.agent", owners=[staff_user.username])
     waiting, approval = wait_on_approval("audit.agent", user=staff_user)

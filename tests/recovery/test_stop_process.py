@@ -1,4 +1,4 @@
-"""The owner's "stop the process" (docs/design.md, "Reclaiming a slot"): an
+"""The owner's "stop the process" (docs/explanation/design.md, "Reclaiming a slot"): an
 inline turn that ignores its interrupt is quarantined and keeps its worker
 slot after the case is decided; the owner's stop, recorded with a rationale,
 is carried out by the worker on that host against the recorded pid, the slot

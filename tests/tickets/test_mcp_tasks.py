@@ -1,4 +1,4 @@
-"""MCP Tasks at /mcp (config/mcp_tasks.py, docs/mcp.md "Tasks"): the
+"""MCP Tasks at /mcp (config/mcp_tasks.py, docs/reference/mcp.md "Tasks"): the
 ``io.modelcontextprotocol/tasks`` extension through the official ``mcp``
 client over real HTTP, on real PostgreSQL, with a real worker where a ticket
 must run. As in test_mcp.py, the ledger is set up before the client's event
@@ -271,11 +271,11 @@ def test_without_the_extension_submit_answers_as_before(live_server, make_endpoi
 
 
 def test_the_docs_tasks_example_runs(worker, live_server, make_endpoint, api_key, capsys):
-    """docs/mcp.md's tasks example, as written, against a live server (its
+    """docs/reference/mcp.md's tasks example, as written, against a live server (its
     key and URL are the only lines changed)."""
     from pathlib import Path
 
-    doc = (Path(__file__).parents[2] / "docs" / "mcp.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "reference" / "mcp.md").read_text()
     section = doc[doc.index("## Tasks (") :]
     code = section[section.index("```python\n") + len("```python\n") :]
     code = code[: code.index("```\n")]
@@ -288,7 +288,10 @@ def test_the_docs_tasks_example_runs(worker, live_server, make_endpoint, api_key
     make_endpoint("demo.sleep", path="runtime.demo.sleep")
 
     # As a script runs it: without this module's postponed annotations.
-    exec(compile(code, "docs/mcp.md", "exec", dont_inherit=True), {"__name__": "docs_example"})
+    exec(
+        compile(code, "docs/reference/mcp.md", "exec", dont_inherit=True),
+        {"__name__": "docs_example"},
+    )
 
     printed = capsys.readouterr().out.splitlines()
     task_id = printed[0].split()[1]

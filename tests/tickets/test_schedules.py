@@ -1,4 +1,4 @@
-"""Schedules (tickets/schedules.py, docs/schedules.md): slots, catch-up
+"""Schedules (tickets/schedules.py, docs/howto/schedules.md): slots, catch-up
 policies on a clock the test controls, refusals recorded once, concurrent
 firing passes converging on one ticket per slot, and the API's rules."""
 

@@ -511,7 +511,7 @@ def test_an_owner_finds_their_endpoints_tickets_whoever_submitted_them(
 
 @pytest.mark.django_db
 def test_the_scoped_document_matches_exactly_what_the_columns_do(finished):
-    """``claimcheck_search_document`` (tickets migration 0005) puts the
+    """``claimcheck_search_document`` (tickets' initial migration) puts the
     ticket's own input and result under its scopes: a term holds in a scope
     exactly when it holds in the column (numbers by value, no reaching into
     arrays, a missing result matching nothing)."""

@@ -1,4 +1,4 @@
-"""A trace's circuit breaker counts per party (docs/api.md "A trace's
+"""A trace's circuit breaker counts per party (docs/reference/api.md "A trace's
 breaker counts per party"): each submitter may add ``TRACE_HARD_LIMIT``
 tickets to a trace, and a ticket the runtime admits (a child, a callback, a
 re-run) counts for the party of the ticket it descends from. So the owner of

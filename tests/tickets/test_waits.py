@@ -1,5 +1,5 @@
 """``wait_s`` and the console's live regions wake on the NOTIFY of a
-ticket's events (tickets migration 0015): a waiting request costs no queries
+ticket's events: a waiting request costs no queries
 while it waits. Real PostgreSQL."""
 
 from __future__ import annotations

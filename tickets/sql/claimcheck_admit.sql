@@ -25,7 +25,7 @@ DECLARE
     v_woke boolean;
     v_refusal text;
 BEGIN
-    -- 0. A route that moved (docs/design.md, "Routes that move"): a key
+    -- 0. A route that moved (docs/explanation/design.md, "Routes that move"): a key
     --    admitted through an alias before it moved is the ticket it named,
     --    on whichever endpoint the alias pointed to then. FOR SHARE holds
     --    the alias while this admission commits: a move (an UPDATE of the
@@ -151,7 +151,7 @@ BEGIN
             v_refusal := 'busy';
         END IF;
         v_trace := COALESCE(v_trace, p_trace, replace(p_id::text, '-', ''));
-        -- The breaker counts per party (docs/api.md, "A trace's breaker
+        -- The breaker counts per party (docs/reference/api.md, "A trace's breaker
         -- counts per party"): the submitter, or for the runtime's own
         -- admissions (a child, a callback, a re-run) the submitter of the
         -- nearest ticket up the parent (else re-run) links that has one;

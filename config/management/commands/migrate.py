@@ -1,5 +1,5 @@
 """`migrate`, connecting as the owner role when DATABASE_MIGRATE_URL is set
-(README, "Database roles"): web and workers keep DATABASE_URL, the
+(docs/howto/production.md): web and workers keep DATABASE_URL, the
 application role, which may not create or alter tables."""
 
 from django.conf import settings

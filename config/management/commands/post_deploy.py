@@ -1,5 +1,5 @@
 """`post_deploy`: the step of an upgrade that runs once every process of the
-previous release has stopped (docs/deploy.md, "Upgrades"): it drops the
+previous release has stopped (docs/howto/upgrade.md): it drops the
 database functions the release retired (each app's ``sql/RETIRED``), which
 the previous release's processes may still have called until then. Connects
 as the owner role when DATABASE_MIGRATE_URL is set, as `migrate` does."""

@@ -42,7 +42,7 @@ OWNER, PASSWORD = "demo", "demo-owner"
 LEDGER_APPS = ("tickets", "endpoints", "runtime", "recovery")
 # Agent endpoints (runner kind "agent"): created when their framework is
 # installed (the optional dependency group, e.g. `uv sync --extra pydantic-ai`).
-# The seed's weekly research brief as a schedule (docs/schedules.md): Monday
+# The seed's weekly research brief as a schedule (docs/howto/schedules.md): Monday
 # 09:00 UTC, the newest missed week caught up after a downtime.
 WEEKLY_BRIEF = {
     "endpoint": "demo.research",
@@ -90,7 +90,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        # The demo owner is staff with a password printed in the README: on a
+        # The demo owner is staff with a password printed in the README and the tutorial: on a
         # deployment (DEBUG off) it would be a known log-in to the console
         # and /admin/. Refused there unless asked for by name.
         if not settings.DEBUG and not options["allow_production"]:
