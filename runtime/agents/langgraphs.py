@@ -48,6 +48,7 @@ from langchain_core.messages import (
     messages_to_dict,
 )
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.errors import GraphInterrupt
 from langgraph.pregel import Pregel
 from langgraph.types import Command, interrupt
 from pydantic_core import to_jsonable_python
@@ -117,7 +118,11 @@ class _Receipts(AsyncCallbackHandler):
         )
 
     async def on_tool_error(self, error, *, run_id, **kwargs):
-        status = "deferred" if type(error).__name__ == "GraphInterrupt" else "error"
+        if isinstance(error, asyncio.CancelledError):
+            # The runtime's interrupt cancelled the run at the tool's await.
+            self._end(run_id, "cancelled", None)
+            return
+        status = "deferred" if isinstance(error, GraphInterrupt) else "error"
         self._end(run_id, status, {"error": f"{type(error).__name__}: {error}"})
 
     def _end(self, run_id, status: str, result: Any) -> None:

@@ -9,6 +9,7 @@ and runs the tool when approved); the tool messages go back to ``agent``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -96,6 +97,10 @@ class ScriptedChatModel(BaseChatModel):
             return AIMessage(
                 "", tool_calls=[_call("send_report", {"to": rest})], usage_metadata=usage
             )
+        elif verb == "slow":
+            return AIMessage(
+                "", tool_calls=[_call("slow", {"seconds": float(rest)})], usage_metadata=usage
+            )
         elif verb == "instructions":
             system = [m.content for m in messages if isinstance(m, SystemMessage)]
             text = f"instructions: {system[0] if system else ''}"
@@ -111,6 +116,17 @@ MODEL = ScriptedChatModel()
 def send_report(to: str, key: str) -> str:
     """Send the report (needs an owner's approval)."""
     return f"sent to {to} with key {key}"
+
+
+@tool
+async def slow(seconds: float) -> str:
+    """Wait (a slow tool the runtime's interrupt cancels at its await)."""
+    await asyncio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+async def slow_node(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+    return {"messages": [await slow.ainvoke(state["call"], config)]}
 
 
 def agent(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
@@ -156,8 +172,10 @@ def build():
     graph.add_node("agent", agent)
     graph.add_node("delegate", delegate_node)
     graph.add_node("send_report", send_node)
+    graph.add_node("slow", slow_node)
     graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", route, ["delegate", "send_report", END])
+    graph.add_conditional_edges("agent", route, ["delegate", "send_report", "slow", END])
     graph.add_edge("delegate", "agent")
     graph.add_edge("send_report", "agent")
+    graph.add_edge("slow", "agent")
     return graph.compile()
