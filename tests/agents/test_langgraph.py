@@ -195,3 +195,36 @@ def test_the_graph_on_a_worker(celery_procs, make_endpoint, api):
     )
     assert sent.count() == 1
     assert settled(submit("recall")).result == "I remember: the code is 42; tea"
+
+
+def test_the_example_research_graph_runs_offline(make_endpoint, settings):
+    """examples/research_langgraph.py, as docs/langgraph.md runs it: the
+    researcher waits on both sub-agents, their callbacks resume it."""
+    settings.RUNNER_PYTHON_ALLOWED_PREFIXES = [
+        *settings.RUNNER_PYTHON_ALLOWED_PREFIXES,
+        "examples.",
+    ]
+    for role, factory in (
+        ("research", "researcher"),
+        ("search", "searcher"),
+        ("summarize", "summarizer"),
+    ):
+        make_endpoint(
+            f"examples.lg-{role}",
+            runner={
+                "kind": "agent",
+                "framework": "langgraph",
+                "path": f"examples.research_langgraph.{factory}",
+            },
+        )
+    parent = run(
+        admit_ticket(
+            endpoint="examples.lg-research", input={"prompt": "durable agent runtimes"}
+        ).ticket
+    )
+    assert parent.state == "waiting", parent.error
+    parent = settle_children(parent)
+    assert parent.state == "succeeded", parent.error
+    assert parent.result == (
+        "Brief: 3 sources on 'durable agent runtimes'; durable agent runtimes in one line"
+    )
