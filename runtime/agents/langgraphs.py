@@ -57,6 +57,7 @@ from .protocol import (
     DELEGATE_TOOL,
     AgentStep,
     AgentTurn,
+    Answer,
     ApprovalRequest,
     Delegation,
     ToolHooks,
@@ -196,6 +197,58 @@ def _text(message: BaseMessage) -> Any:
 
 class LangGraphAdapter:
     framework = "langgraph"
+    _warm = False
+
+    def warm(self) -> None:
+        """One throwaway run of a small graph in the supervising worker
+        (a delegation, its checkpoint saved and restored, a tool call, the
+        resume): each turn's forked process inherits the imports and the
+        schemas LangChain builds on first use instead of paying for them
+        inside its budget."""
+        if self._warm:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            # An event loop runs in this thread: the turn's process warms.
+            return
+        from langchain_core.tools import tool
+        from langgraph.graph import END, START, MessagesState, StateGraph
+
+        @tool
+        def noop(x: int) -> int:
+            """Return x."""
+            return x
+
+        async def node(state: MessagesState, config) -> dict[str, Any]:
+            delegate("warm", {})
+            call = {"name": "noop", "args": {"x": 1}, "id": "warm", "type": "tool_call"}
+            return {"messages": [await noop.ainvoke(call, config)]}
+
+        builder = StateGraph(MessagesState)
+        builder.add_node("node", node)
+        builder.add_edge(START, "node")
+        builder.add_edge("node", END)
+        graph = builder.compile()
+        hooks = ToolHooks(
+            started=lambda *a: None, ended=lambda *a: None, idempotency_key=lambda c: ""
+        )
+        turn = AgentTurn(
+            prompt="warm", history=[], resumed=None, state=None, answers={}, hooks=hooks
+        )
+        step = asyncio.run(self.run(graph, turn))
+        resume = AgentTurn(
+            prompt=None,
+            history=[],
+            resumed=step.messages,
+            state=step.state,
+            answers={d.call_id: Answer("result", 1) for d in step.delegations},
+            hooks=hooks,
+        )
+        asyncio.run(self.run(graph, resume))
+        self._warm = True
 
     def check(self, agent: Any) -> None:
         if not isinstance(agent, Pregel):

@@ -143,7 +143,7 @@ def test_the_graph_on_a_worker(celery_procs, make_endpoint, api):
     celery_procs.worker_and_beat()
     make_endpoint("demo.echo")
     make_endpoint("graph.agent", runner=AGENT)
-    make_endpoint("budget.graph", runner=AGENT, turn_budget_s=1, interrupt_grace_s=6)
+    make_endpoint("budget.graph", runner=AGENT, turn_budget_s=3, interrupt_grace_s=6)
 
     slow = settled(submit("slow 60", endpoint="budget.graph"), timeout=30)
     assert slow.state == "failed" and slow.error["code"] == "timed_out"
