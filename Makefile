@@ -37,7 +37,7 @@ install: .venv/.installed ## the virtual environment at .venv/ from the lock fil
 
 # The agent frameworks `make run` installs (optional dependency groups of
 # pyproject.toml): demo.agent and examples/ need them; `make run EXTRAS=` for none.
-EXTRAS ?= pydantic-ai openai-agents
+EXTRAS ?= pydantic-ai openai-agents langgraph
 
 run: ## install what running needs, start embedded PostgreSQL + Redis, migrate, seed, web + workers + beat
 	@EXTRAS="$(EXTRAS)" python3 scripts/run.py

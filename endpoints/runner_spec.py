@@ -96,6 +96,7 @@ _CREDENTIAL_WORD = re.compile(
 AGENT_ADAPTERS = {
     "pydantic_ai": "runtime.agents.pydanticai",
     "openai_agents": "runtime.agents.openaiagents",
+    "langgraph": "runtime.agents.langgraphs",
 }
 
 

@@ -3,7 +3,7 @@ whose ``seed_demo`` creates the examples' endpoints and whose workers'
 allow-list takes ``examples.``): submit the researcher's ticket with the
 Python client, wait for it, print its brief and its trace.
 
-    .venv/bin/python examples/run_research.py [pydantic_ai|openai_agents] ["topic"]
+    .venv/bin/python examples/run_research.py [pydantic_ai|openai_agents|langgraph] ["topic"]
 
 The server and key: ``CLAIMCHECK_URL`` (default ``http://127.0.0.1:$PORT``,
 ``PORT`` 8000) and ``CLAIMCHECK_KEY`` (default the demo key `make run`
@@ -24,7 +24,7 @@ from pathlib import Path
 from claimcheck_client import Client, NotFound
 
 ROOT = Path(__file__).resolve().parent.parent
-PREFIX = {"pydantic_ai": "pai", "openai_agents": "oai"}
+PREFIX = {"pydantic_ai": "pai", "openai_agents": "oai", "langgraph": "lg"}
 
 
 def main() -> int:

@@ -88,9 +88,13 @@ PY = VENV / "bin" / "python"
 CELERY = VENV / "bin" / "celery"
 RUN_MARKER = VENV / ".run-installed"
 
-EXTRAS = os.environ.get("EXTRAS", "pydantic-ai openai-agents").split()
+EXTRAS = os.environ.get("EXTRAS", "pydantic-ai openai-agents langgraph").split()
 # The agent runner's framework name for each extra (runtime/agents/).
-FRAMEWORKS = {"pydantic-ai": "pydantic_ai", "openai-agents": "openai_agents"}
+FRAMEWORKS = {
+    "pydantic-ai": "pydantic_ai",
+    "openai-agents": "openai_agents",
+    "langgraph": "langgraph",
+}
 STOP_WAIT_S = float(os.environ.get("RUN_STOP_WAIT_S", "10"))
 SERVER_STOP_WAIT_S = 4.0
 MAX_RESTARTS = int(os.environ.get("RUN_MAX_RESTARTS", "5"))

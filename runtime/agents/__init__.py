@@ -3,10 +3,10 @@ framework over one protocol (``protocol.py``), the memory of an endpoint
 (``memory.py``) and the runner that ties a turn to them (``runner.py``).
 
 A tool that has side effects declares it (Pydantic AI: ``metadata={"side_effect":
-True}``; Agents SDK: a tool named in the runner's ``side_effect_tools``) and
-reads its idempotency key with :func:`idempotency_key` while it runs (and, in
-a re-run of a call whose end nobody saw, that call's key with
-:func:`idempotency_key_in_doubt`).
+True}``; Agents SDK and LangGraph: a tool named in the runner's
+``side_effect_tools``) and reads its idempotency key with
+:func:`idempotency_key` while it runs (and, in a re-run of a call whose end
+nobody saw, that call's key with :func:`idempotency_key_in_doubt`).
 """
 
 from __future__ import annotations

@@ -27,6 +27,12 @@ RUNNERS = {
         "path": "tests.agents.openai_agent.build",
         "side_effect_tools": ["send_report"],
     },
+    "langgraph": {
+        "kind": "agent",
+        "framework": "langgraph",
+        "path": "tests.agents.langgraph_agent.build",
+        "side_effect_tools": ["send_report"],
+    },
 }
 
 

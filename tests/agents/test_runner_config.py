@@ -14,7 +14,7 @@ AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agen
     ("runner", "names"),
     [
         ({**AGENT, "model_key": "sk-123"}, "model_key"),
-        ({**AGENT, "framework": "langgraph"}, "framework"),
+        ({**AGENT, "framework": "crewai"}, "framework"),
         ({**AGENT, "path": "os.system"}, "RUNNER_PYTHON_ALLOWED_PREFIXES"),
         ({**AGENT, "secrets": {"OPENAI_API_KEY": "sk-live value"}}, "secrets.OPENAI_API_KEY"),
         ({**AGENT, "secrets": {"NOT A NAME": "NAME"}}, "variable name"),
@@ -36,5 +36,12 @@ def test_an_agent_runner_with_named_secrets_is_accepted(api):
         "secrets": {"OPENAI_API_KEY": "RESEARCH_OPENAI_KEY"},
     }
     resp = api.post("/endpoints", {"address": "good.agent", "runner": runner})
+    assert resp.status_code == 201, resp.json()
+    assert resp.json()["runner"] == runner
+
+
+def test_a_langgraph_runner_is_accepted(api):
+    runner = {**AGENT, "framework": "langgraph", "path": "tests.agents.langgraph_agent.build"}
+    resp = api.post("/endpoints", {"address": "graph.agent", "runner": runner})
     assert resp.status_code == 201, resp.json()
     assert resp.json()["runner"] == runner

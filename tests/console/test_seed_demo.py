@@ -62,7 +62,7 @@ def test_seeding_makes_an_approval_endpoint_and_the_examples_the_workers_allow(s
     )
     assert seeded == {
         f"examples.{p}-{role}"
-        for p in ("pai", "oai")
+        for p in ("pai", "oai", "lg")
         for role in ("research", "search", "summarize")
     }
     demo = get_user_model().objects.get(username="demo")

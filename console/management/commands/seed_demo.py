@@ -74,6 +74,7 @@ EXAMPLES = {
     for framework, prefix, module in (
         ("pydantic_ai", "pai", "research_pydantic_ai"),
         ("openai_agents", "oai", "research_openai_agents"),
+        ("langgraph", "lg", "research_langgraph"),
     )
 }
 
