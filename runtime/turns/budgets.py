@@ -64,6 +64,26 @@ def request_interrupt(
     return True
 
 
+def interrupt_trace(trace_id: str) -> list[uuid.UUID]:
+    """A trace spent its budget (tickets/budgets.py): each of its running
+    turns is asked to stop through ``request_interrupt``, the same path as
+    a deadline (cooperative flag, grace, escalation, then the sweep's
+    quarantine if the stop is unproven). Returns the turns asked."""
+    running = Turn.objects.filter(ticket__trace_id=trace_id, state=TurnState.RUNNING)
+    asked = [
+        turn_id
+        for turn_id, seq in running.values_list("id", "seq")
+        if request_interrupt(
+            turn_id=turn_id, seq=seq, reason="trace_budget_exhausted", actor="budget"
+        )
+    ]
+    if asked:
+        log.warning(
+            "trace %s is over its budget: %d running turns interrupted", trace_id, len(asked)
+        )
+    return asked
+
+
 # Who asks when the worker running a turn enforces its budget itself.
 WORKER_ACTOR = "worker:budget"
 
