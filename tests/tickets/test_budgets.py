@@ -59,6 +59,17 @@ def test_a_root_sets_the_budget_and_a_child_may_not(api, make_endpoint):
     trace = Trace.objects.get(id=root["trace_id"])
     assert trace.budget == {"tokens": 100, "wall_s": 60}
     assert TicketEvent.objects.filter(ticket_id=root["id"], kind="trace_budget_set").exists()
+    # The same root again (a client's long poll): the ticket, not a refusal.
+    again = api.post(
+        "/tickets",
+        {"endpoint": "b.echo", "input": {}, "dedupe_key": "k", "budget": {"tokens": 7}},
+    )
+    assert again.status_code == 201
+    dup = api.post(
+        "/tickets",
+        {"endpoint": "b.echo", "input": {}, "dedupe_key": "k", "budget": {"tokens": 7}},
+    )
+    assert dup.status_code == 200 and dup.json()["duplicate"] is True, dup.content
     child = api.post(
         "/tickets",
         {"endpoint": "b.echo", "input": {}, "parent": root["id"], "budget": {"tokens": 5}},
@@ -117,7 +128,7 @@ def test_concurrent_charges_lose_nothing_and_cross_once(make_endpoint, settings)
 
 
 def test_two_agents_spend_past_the_budget_the_trace_closes_and_the_running_turn_stops(
-    api, make_endpoint
+    api, make_endpoint, client, staff_user, settings
 ):
     make_endpoint("b.agent-a", runner=AGENT, heartbeat_timeout_s=3, interrupt_grace_s=5)
     make_endpoint("b.agent-b", runner=AGENT, heartbeat_timeout_s=3, interrupt_grace_s=5)
@@ -127,6 +138,9 @@ def test_two_agents_spend_past_the_budget_the_trace_closes_and_the_running_turn_
     probe = run(admit_ticket(endpoint="b.calibrate", input={"prompt": "remember alpha"}).ticket)
     one = spent(probe)
     assert one > 0, "the demo agent reports usage"
+    usage = TicketEvent.objects.get(ticket=probe, kind="agent_usage").detail
+    assert usage["model"], "and names its model"
+    settings.MODEL_PRICES = {usage["model"]: {"input": 2, "output": 2}}  # per million
     # Room for the first two turns (one on each agent), not for a third.
     budget = 2 * one + one // 2
 
@@ -166,11 +180,16 @@ def test_two_agents_spend_past_the_budget_the_trace_closes_and_the_running_turn_
 
     trace.refresh_from_db()
     assert trace.spent_tokens >= budget and trace.exhausted_reason == "tokens"
+    assert trace.spent_cost == Decimal(2 * trace.spent_tokens) / 1_000_000
     assert trace.exhausted_at is not None
     crossed = TicketEvent.objects.get(kind="trace_budget_exhausted")
     assert crossed.ticket_id == third.id and crossed.detail["limit"] == "tokens"
     warned = TicketEvent.objects.filter(kind="trace_budget_warning")
     assert warned.count() == 1
+    # The turn that crossed was running too: asked to stop like the others;
+    # its outcome stands only if it returned before the ask (a late outcome).
+    third.refresh_from_db()
+    assert third.state == "succeeded" or third.error["code"] == "trace_budget_exhausted"
 
     # The breaker is open: no admission in the trace, by the API or a service.
     refused = api.post(
@@ -197,6 +216,14 @@ def test_two_agents_spend_past_the_budget_the_trace_closes_and_the_running_turn_
     assert asked.actor == "budget" and asked.detail["reason"] == "trace_budget_exhausted"
     stopped = TicketEvent.objects.get(ticket=slow, kind="turn_stopped")
     assert stopped.detail  # the stop evidence (the runner's return, its cancel)
+
+    # The trace page shows what was spent against the budget.
+    client.force_login(staff_user)
+    page = client.get(f"/traces/{trace_id}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="budget"' in html and "trace_budget_exhausted" in html
+    assert f'<td class="num">{trace.spent_tokens}</td><td class="num">{budget}</td>' in html
 
 
 def test_an_unbudgeted_trace_writes_nothing_per_turn(make_endpoint):
