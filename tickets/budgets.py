@@ -35,7 +35,7 @@ from django.db import connection, transaction
 from core.errors import Invalid
 
 from . import lifecycle
-from .models import Trace
+from .models import Ticket, Trace
 
 log = logging.getLogger(__name__)
 
@@ -204,4 +204,56 @@ def charge(*, trace_id: str, ticket_id: Any, turn_id: Any, usage: dict[str, Any]
         spent_cost=spent_cost,
         warned=bool(warned),
         exhausted=exhausted or "",
+    )
+
+
+# Traces past their wall-clock budget, closed once (the ``IS NULL`` guard,
+# re-checked under the row lock against a charge closing it at once). The
+# partial index ``trace_budget_open`` holds only budgeted, open traces.
+_EXPIRE_SQL = """
+UPDATE tickets_trace SET exhausted_at = now(), exhausted_reason = 'wall_s'
+WHERE budget IS NOT NULL AND exhausted_at IS NULL AND budget ->> 'wall_s' IS NOT NULL
+  AND created_at + make_interval(secs => (budget ->> 'wall_s')::float8) <= now()
+RETURNING id, budget, spent_tokens, spent_cost
+"""
+
+
+def expire_wall_budgets() -> list[str]:
+    """Close every trace past its wall-clock budget (admission already
+    refuses them by the clock; this records it, once, with a
+    ``trace_budget_exhausted`` event on the trace's root, so the runtime
+    interrupts what still runs). Returns the traces closed now."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_EXPIRE_SQL)
+        rows = cur.fetchall()
+        for trace_id, budget, spent_tokens, spent_cost in rows:
+            root = (
+                Ticket.objects.filter(trace_id=trace_id)
+                .order_by("created_at", "id")
+                .values_list("id", flat=True)
+                .first()
+            )
+            if root is None:
+                continue
+            lifecycle.append_event(
+                ticket_id=root,
+                kind="trace_budget_exhausted",
+                actor="budget",
+                detail={
+                    "trace_id": trace_id,
+                    "budget": json.loads(budget) if isinstance(budget, str) else budget,
+                    "spent": {"tokens": spent_tokens, "cost": str(spent_cost)},
+                    "limit": "wall_s",
+                },
+            )
+            log.warning("trace %s is past its wall-clock budget: its breaker opens", trace_id)
+    return [row[0] for row in rows]
+
+
+def exhausted_of(trace_ids: set[str]) -> set[str]:
+    """Which of these traces are closed (spent, or past their clock)."""
+    return set(
+        Trace.objects.filter(id__in=trace_ids, exhausted_at__isnull=False).values_list(
+            "id", flat=True
+        )
     )

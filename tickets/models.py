@@ -412,6 +412,16 @@ class Trace(models.Model):
     exhausted_at = models.DateTimeField(null=True, blank=True)
     exhausted_reason = models.CharField(max_length=16, blank=True, default="", db_default="")
 
+    class Meta:
+        indexes = [
+            # The wall-clock sweep reads only budgeted traces still open.
+            models.Index(
+                fields=["created_at"],
+                name="trace_budget_open",
+                condition=models.Q(budget__isnull=False, exhausted_at__isnull=True),
+            )
+        ]
+
     def __str__(self) -> str:
         return self.id
 

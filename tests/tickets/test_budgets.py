@@ -232,3 +232,36 @@ def test_an_unbudgeted_trace_writes_nothing_per_turn(make_endpoint):
     assert spent(ticket) > 0
     trace = Trace.objects.get(id=ticket.trace_id)
     assert trace.budget is None and trace.spent_tokens == 0 and trace.exhausted_at is None
+
+
+def test_past_its_wall_clock_the_trace_closes_and_its_running_turn_stops(api, make_endpoint):
+    make_endpoint("b.sleep", path="runtime.demo.sleep", heartbeat_timeout_s=3, interrupt_grace_s=5)
+    resp = api.post(
+        "/tickets",
+        {"endpoint": "b.sleep", "input": {"seconds": 120}, "budget": {"wall_s": 1}},
+    )
+    assert resp.status_code == 201, resp.content
+    root = Ticket.objects.get(id=resp.json()["id"])
+    worker = threading.Thread(target=lambda: (run(root), connections.close_all()))
+    started = time.monotonic()
+    worker.start()
+    wait_until(lambda: Turn.objects.filter(ticket=root, state="running").exists(), what="the turn")
+    asked: list = []
+    # The sweep closes the trace once its clock ran out (1 s after the root).
+    wait_until(
+        lambda: asked.extend(runtime.sweep_trace_budgets()) or asked,
+        timeout=30,
+        what="the wall-clock sweep",
+    )
+    assert asked == [Turn.objects.get(ticket=root).id]
+    assert runtime.sweep_trace_budgets() == []  # once
+    trace = Trace.objects.get(id=root.trace_id)
+    assert trace.exhausted_reason == "wall_s" and trace.exhausted_at is not None
+    event = TicketEvent.objects.get(kind="trace_budget_exhausted")
+    assert event.ticket_id == root.id and event.detail["limit"] == "wall_s"
+    refused = api.post("/tickets", {"endpoint": "b.sleep", "input": {}, "trace_id": root.trace_id})
+    assert refused.status_code == 429 and refused.json()["error"] == "trace_budget_exhausted"
+    worker.join(timeout=60)
+    assert not worker.is_alive() and time.monotonic() - started < 60
+    root.refresh_from_db()
+    assert root.state == "failed" and root.error["code"] == "trace_budget_exhausted"

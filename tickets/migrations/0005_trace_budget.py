@@ -44,4 +44,8 @@ class Migration(migrations.Migration):
             name='exhausted_reason',
             field=models.CharField(blank=True, db_default='', default='', max_length=16),
         ),
+        migrations.AddIndex(
+            model_name='trace',
+            index=models.Index(condition=models.Q(('budget__isnull', False), ('exhausted_at__isnull', True)), fields=['created_at'], name='trace_budget_open'),
+        ),
     ]
