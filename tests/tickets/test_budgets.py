@@ -12,7 +12,7 @@ import time
 from decimal import Decimal
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 
 from runtime import turns as runtime
 from runtime.models import Turn
@@ -265,3 +265,16 @@ def test_past_its_wall_clock_the_trace_closes_and_its_running_turn_stops(api, ma
     assert not worker.is_alive() and time.monotonic() - started < 60
     root.refresh_from_db()
     assert root.state == "failed" and root.error["code"] == "trace_budget_exhausted"
+
+
+def test_the_trace_budget_sweep_reads_only_active_turns_and_open_budgets():
+    from tests.endpoints.test_sweep_plans import plan
+
+    running = Turn.objects.filter(state="running").values_list("id", "seq", "ticket__trace_id")
+    with transaction.atomic():  # SET LOCAL holds in a transaction only
+        assert "turn_active_deadline_idx" in plan(running)
+    with transaction.atomic(), connections["default"].cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        cur.execute("EXPLAIN " + budgets._EXPIRE_SQL)
+        text = "\n".join(row[0] for row in cur.fetchall())
+    assert "trace_budget_open" in text, text
