@@ -59,8 +59,9 @@ STATUSES: dict[int, tuple[tuple[str, ...], str]] = {
     422: (("invalid",), "The body or a parameter does not match the schema; `errors` lists each."),
     423: (("endpoint_quarantined",), "The endpoint is quarantined; body has `case`."),
     429: (
-        ("circuit_open", "rate_limited"),
+        ("circuit_open", "trace_budget_exhausted", "rate_limited"),
         "`circuit_open`: the caller's party reached `TRACE_HARD_LIMIT` in the trace; "
+        "`trace_budget_exhausted`: the trace spent its token, cost or time budget; "
         "`rate_limited`: the caller is over one of its fair-share limits (admissions per "
         "window, requests in flight): retry after `Retry-After` seconds.",
     ),

@@ -9,6 +9,7 @@ test suite set both to their servers.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import secrets
 from datetime import timedelta
@@ -322,6 +323,19 @@ if not 1 <= TICKET_MAX_JSON_DEPTH <= 128:
     raise ValueError("TICKET_MAX_JSON_DEPTH must be between 1 and 128")
 TRACE_SOFT_LIMIT = env.int("TRACE_SOFT_LIMIT", default=50)
 TRACE_HARD_LIMIT = env.int("TRACE_HARD_LIMIT", default=200)
+# Trace budgets (tickets/budgets.py, docs/howto/trace-budgets.md): the share of a hard
+# limit past which the trace records one warning, and each model's price in
+# currency units per million tokens, ``{"<model>": {"input": x, "output": y}}``
+# (a model not listed counts its tokens, not its cost).
+TRACE_BUDGET_SOFT_RATIO = env.float("TRACE_BUDGET_SOFT_RATIO", default=0.8)
+if not 0 < TRACE_BUDGET_SOFT_RATIO <= 1:
+    raise ValueError("TRACE_BUDGET_SOFT_RATIO must be in (0, 1]")
+MODEL_PRICES = json.loads(env.str("MODEL_PRICES", default="{}"))
+if not isinstance(MODEL_PRICES, dict) or not all(
+    isinstance(p, dict) and all(isinstance(v, int | float) and v >= 0 for v in p.values())
+    for p in MODEL_PRICES.values()
+):
+    raise ValueError('MODEL_PRICES must be {"<model>": {"input": n, "output": n}}')
 SWEEP_INTERVAL_S = env.float("SWEEP_INTERVAL_S", default=5.0)
 # Worker registry (GET /api/v1/workers, /workers): how often a worker says it
 # is alive, and after how long without that it is shown as lost.

@@ -103,6 +103,13 @@ class CircuitOpen(DomainError):
     status, code = 429, "circuit_open"
 
 
+class TraceBudgetExhausted(DomainError):
+    """The trace spent its token, cost or wall-clock budget (tickets/budgets.py):
+    no wait clears it."""
+
+    status, code = 429, "trace_budget_exhausted"
+
+
 class RateLimited(DomainError):
     """The caller is over one of its fair-share limits (core/fairshare.py).
     The response carries ``Retry-After`` and the IETF draft's

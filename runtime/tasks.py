@@ -32,6 +32,8 @@ def run_ticket(self, ticket_id: str) -> None:
 def sweep_budgets() -> None:
     with sweep_run("budgets"):
         observe.swept("budgets", turns.sweep_budgets())
+        # Traces over their budget: closed by the clock, their turns stopped.
+        observe.swept("trace_budgets", turns.sweep_trace_budgets())
         # Stop requests of slots whose worker can no longer act on them.
         case_keeper().resolve_stale_stops()
 

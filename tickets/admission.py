@@ -36,6 +36,7 @@ from core.errors import (
     Invalid,
     NotFound,
     TooLarge,
+    TraceBudgetExhausted,
 )
 from core.ids import new_id
 from core.limits import DEDUPE_KEY_CHARS, TRACE_ID_CHARS
@@ -366,6 +367,11 @@ def _refusal(status: str, row: Row, *, parent_id: uuid.UUID | None) -> Exception
             "(the submitter whose tickets they are or descend from), its hard limit",
             trace_id=row["trace"],
             limit=settings.TRACE_HARD_LIMIT,
+        )
+    if status == "trace_budget_exhausted":
+        return TraceBudgetExhausted(
+            f"trace {row['trace']} spent its budget and takes no new tickets",
+            trace_id=row["trace"],
         )
     return RuntimeError(f"claimcheck_admit answered {status!r}")
 

@@ -6,10 +6,12 @@ import logging
 import re
 import time
 import uuid
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Annotated, Any
 
 from django.conf import settings
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Status
 from ninja.renderers import JSONRenderer
@@ -21,7 +23,7 @@ from core.times import as_utc
 from core.transient import TRANSIENT_ERRORS, answer_by, describe, drop_broken_connection
 from endpoints.selectors import resolve_endpoint
 
-from . import admission, delivery, obligations, retry, selectors, streams, traces, waits
+from . import admission, budgets, delivery, obligations, retry, selectors, streams, traces, waits
 from . import search as search_terms
 from .models import TERMINAL_STATES, Ticket
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
@@ -45,6 +47,14 @@ class RequesterIn(Strict):
     metadata: dict[str, Any] | None = None
 
 
+class BudgetIn(Strict):
+    """A trace's budget (docs/howto/trace-budgets.md): at least one limit."""
+
+    tokens: int | None = Field(default=None, ge=1, le=10**15, strict=True)
+    cost: float | None = Field(default=None, gt=0, le=10**15)
+    wall_s: float | None = Field(default=None, gt=0, le=10**9)
+
+
 class TicketIn(Strict):
     endpoint: str = Field(min_length=1, max_length=limits.ADDRESS_CHARS)
     dedupe_key: str | None = None
@@ -54,6 +64,8 @@ class TicketIn(Strict):
     return_to: ReturnToIn | None = None
     requester: RequesterIn | None = None
     wait_s: float | None = Field(default=None, ge=0, strict=True)  # "5" is not a number
+    # The trace's budget, set by the root that opens it (docs/howto/trace-budgets.md).
+    budget: BudgetIn | None = None
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -140,6 +152,13 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
         key = header_key
     if payload.wait_s is not None and payload.wait_s > settings.ADMISSION_MAX_WAIT_S:
         raise Invalid(f"wait_s must be at most {settings.ADMISSION_MAX_WAIT_S}")
+    # A budget belongs to the trace its root opens: a child spends its
+    # trace's budget and may not set one (400, not silently ignored).
+    budget = budgets.validate_budget(
+        payload.budget.model_dump(exclude_none=True) if payload.budget else None
+    )
+    if budget is not None and payload.parent is not None:
+        raise Invalid("budget is set by a root ticket; a child spends its trace's budget")
     fairshare.check_admission(request.user)  # 429 before anything is looked up
     requester = payload.requester.model_dump(exclude_none=True) if payload.requester else {}
     if requester.get("webhook_url"):
@@ -156,18 +175,25 @@ def create_ticket(request: HttpRequest, payload: TicketIn):
     ) as trace:
         if trace.link is not None:
             requester = {**requester, "trace_link": trace.link}
-        admitted = admission.admit_ticket(
-            endpoint=payload.endpoint,
-            input=payload.input,
-            dedupe_key=key,
-            parent_id=payload.parent,
-            trace_id=trace.trace_id,
-            return_to=payload.return_to.endpoint if payload.return_to else None,
-            continuation=payload.return_to.continuation if payload.return_to else None,
-            requester=requester,
-            submitter=request.user,
-            actor=actor_of(request),
-        )
+        # With a budget, the admission and the budget commit together (a
+        # refused budget admits nothing); without one, the one-statement path.
+        with transaction.atomic() if budget is not None else nullcontext():
+            admitted = admission.admit_ticket(
+                endpoint=payload.endpoint,
+                input=payload.input,
+                dedupe_key=key,
+                parent_id=payload.parent,
+                trace_id=trace.trace_id,
+                return_to=payload.return_to.endpoint if payload.return_to else None,
+                continuation=payload.return_to.continuation if payload.return_to else None,
+                requester=requester,
+                submitter=request.user,
+                actor=actor_of(request),
+            )
+            if budget is not None and not admitted.duplicate:
+                budgets.open_budget(
+                    trace_id=admitted.ticket.trace_id, ticket_id=admitted.ticket.id, budget=budget
+                )
     return answer_admitted(request, admitted, payload.wait_s)
 
 

@@ -400,6 +400,27 @@ class Trace(models.Model):
     max_depth = models.PositiveIntegerField(default=0)
     flagged = models.BooleanField(default=False)
     created_at = models.DateTimeField()
+    # The budget its root's submitter set (``{tokens?, cost?, wall_s?}``;
+    # None: none), what its agent turns spent so far, and when it crossed
+    # the soft and the hard limit (tickets/budgets.py). Set once the hard
+    # one is crossed, ``exhausted_at`` refuses every admission in the trace
+    # (tickets/sql/claimcheck_admit.sql). Constant defaults: no rewrite.
+    budget = models.JSONField(null=True, blank=True)
+    spent_tokens = models.BigIntegerField(default=0, db_default=0)
+    spent_cost = models.DecimalField(max_digits=20, decimal_places=6, default=0, db_default=0)
+    budget_warned_at = models.DateTimeField(null=True, blank=True)
+    exhausted_at = models.DateTimeField(null=True, blank=True)
+    exhausted_reason = models.CharField(max_length=16, blank=True, default="", db_default="")
+
+    class Meta:
+        indexes = [
+            # The wall-clock sweep reads only budgeted traces still open.
+            models.Index(
+                fields=["created_at"],
+                name="trace_budget_open",
+                condition=models.Q(budget__isnull=False, exhausted_at__isnull=True),
+            )
+        ]
 
     def __str__(self) -> str:
         return self.id

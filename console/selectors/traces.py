@@ -19,7 +19,7 @@ from console.templatetags.consoletags import ENDED_ON_EVIDENCE, _span
 from recovery.models import CaseState
 from recovery.selectors import visible_cases
 from tickets import selectors as ticket_selectors
-from tickets.models import Ticket, TicketEvent, TicketState
+from tickets.models import Ticket, TicketEvent, TicketState, Trace
 from tickets.selectors import visible_tickets
 
 
@@ -35,7 +35,59 @@ def trace_page(trace_id: str, *, user) -> dict[str, Any]:
         "warned": any(r.warned for r in rows),
         "trace_soft_limit": settings.TRACE_SOFT_LIMIT,
         "trace_hard_limit": settings.TRACE_HARD_LIMIT,
+        "budget": trace_budget(trace_id),
         "live_token": live_token,
+    }
+
+
+def trace_budget(trace_id: str) -> dict[str, Any] | None:
+    """The trace's budget and what its agent turns spent against it (read
+    after ``trace_tree``, which answers 404 to a user who may see none of
+    its tickets); None when the trace has no budget."""
+    row = (
+        Trace.objects.filter(id=trace_id, budget__isnull=False)
+        .values(
+            "budget",
+            "spent_tokens",
+            "spent_cost",
+            "created_at",
+            "budget_warned_at",
+            "exhausted_at",
+            "exhausted_reason",
+        )
+        .first()
+    )
+    if row is None:
+        return None
+    budget = row["budget"]
+    lines = []
+    for key, spent in (("tokens", row["spent_tokens"]), ("cost", row["spent_cost"])):
+        if budget.get(key) is not None:
+            limit = budget[key]
+            lines.append(
+                {
+                    "name": key,
+                    "spent": spent,
+                    "limit": limit,
+                    "percent": min(100, round(100 * float(spent) / float(limit))),
+                }
+            )
+    if budget.get("wall_s") is not None:
+        end = row["exhausted_at"] or timezone.now()
+        used = (end - row["created_at"]).total_seconds()
+        lines.append(
+            {
+                "name": "wall_s",
+                "spent": round(used, 1),
+                "limit": budget["wall_s"],
+                "percent": min(100, round(100 * used / budget["wall_s"])),
+            }
+        )
+    return {
+        "lines": lines,
+        "warned_at": row["budget_warned_at"],
+        "exhausted_at": row["exhausted_at"],
+        "exhausted_reason": row["exhausted_reason"],
     }
 
 

@@ -114,8 +114,8 @@ class AgentStep:
     approvals: list[ApprovalRequest] = field(default_factory=list)
     # Framework state to keep for the resumption (JSON-able), or None.
     state: Any = None
-    # {"requests": n, "input_tokens": n, "output_tokens": n, ...} when reported.
-    usage: dict[str, int] = field(default_factory=dict)
+    # {"requests": n, "input_tokens": n, "output_tokens": n, "model"?: name, ...} when reported.
+    usage: dict[str, Any] = field(default_factory=dict)
 
 
 class Adapter(Protocol):

@@ -183,6 +183,9 @@ class PydanticAIAdapter:
         )
         messages = ModelMessagesTypeAdapter.dump_python(result.new_messages(), mode="json")
         usage = result.usage
+        # The model that answered last: its price counts the run's cost
+        # against the trace's budget (tickets/budgets.py, MODEL_PRICES).
+        model = next((m["model_name"] for m in reversed(messages) if m.get("model_name")), None)
         step = AgentStep(
             messages=messages,
             usage={
@@ -190,6 +193,7 @@ class PydanticAIAdapter:
                 "input_tokens": usage.input_tokens,
                 "output_tokens": usage.output_tokens,
                 "tool_calls": usage.tool_calls,
+                **({"model": model} if model else {}),
             },
         )
         output = result.output

@@ -25,7 +25,14 @@ Callers outside the package use only the names exported here.
 from __future__ import annotations
 
 from ..runners import Outcome, TurnContext
-from .budgets import BudgetWatch, SweepReport, request_interrupt, supersede_turn, sweep_budgets
+from .budgets import (
+    BudgetWatch,
+    SweepReport,
+    request_interrupt,
+    supersede_turn,
+    sweep_budgets,
+    sweep_trace_budgets,
+)
 from .dispatch import dispatch_next, dispatch_owed, release_lock, sweep_lost_dispatches
 from .execute import HISTORY_ENTRIES, current_turns, run_ticket
 from .finish import Finished, finish_turn, outcome_digest
@@ -56,6 +63,7 @@ __all__ = [
     "start_turn",
     "supersede_turn",
     "sweep_budgets",
+    "sweep_trace_budgets",
     "sweep_lost_dispatches",
     "turn_token_sha256",
 ]

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from core.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection, retry_transient
 from endpoints.models import Endpoint, RunnerKind
+from tickets import budgets as trace_budgets
 from tickets import lifecycle
 
 from .. import runners
@@ -85,6 +86,46 @@ def supersede_turn(turn_id: uuid.UUID, seq: int, by: uuid.UUID) -> bool:
     return request_interrupt(
         turn_id=turn_id, seq=seq, reason="superseded", actor=f"ticket:{by}", detail={"by": str(by)}
     )
+
+
+def interrupt_trace(trace_id: str) -> list[uuid.UUID]:
+    """A trace spent its budget (tickets/budgets.py): each of its running
+    turns is asked to stop through ``request_interrupt``, the same path as
+    a deadline (cooperative flag, grace, escalation, then the sweep's
+    quarantine if the stop is unproven). Returns the turns asked."""
+    running = Turn.objects.filter(ticket__trace_id=trace_id, state=TurnState.RUNNING)
+    asked = [
+        turn_id
+        for turn_id, seq in running.values_list("id", "seq")
+        if request_interrupt(
+            turn_id=turn_id, seq=seq, reason="trace_budget_exhausted", actor="budget"
+        )
+    ]
+    if asked:
+        log.warning(
+            "trace %s is over its budget: %d running turns interrupted", trace_id, len(asked)
+        )
+    return asked
+
+
+def sweep_trace_budgets() -> list[uuid.UUID]:
+    """Traces past their wall-clock budget are closed, and every running
+    turn of a closed trace is interrupted: also the ones whose interrupt
+    after a charge's commit was lost with its process. Reads the running
+    turns (a partial index), then which of their traces are closed."""
+    trace_budgets.expire_wall_budgets()
+    running = list(
+        Turn.objects.filter(state=TurnState.RUNNING).values_list("id", "seq", "ticket__trace_id")
+    )
+    closed = trace_budgets.exhausted_of({trace for _, _, trace in running})
+    return [
+        turn_id
+        for turn_id, seq, trace in running
+        if trace in closed
+        and request_interrupt(
+            turn_id=turn_id, seq=seq, reason="trace_budget_exhausted", actor="budget"
+        )
+    ]
 
 
 # Who asks when the worker running a turn enforces its budget itself.

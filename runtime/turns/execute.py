@@ -25,7 +25,7 @@ from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
 from .. import registry, runners, running
 from ..models import ContextEntry, Turn
 from ..runners import Outcome, TurnContext
-from .budgets import WORKER_ACTOR, BudgetWatch
+from .budgets import WORKER_ACTOR, BudgetWatch, interrupt_trace
 from .finish import Finished, finish_turn
 from .heartbeats import Heartbeater
 from .held import held
@@ -348,7 +348,8 @@ def _record_with_retry(turn: Turn, event: dict[str, Any]) -> bool:
     (the runner is told: False)."""
     try:
         return _read_with_retry(
-            lambda: record_turn_event(turn=turn, event=event), what=f"event of turn {turn.id}"
+            lambda: record_turn_event(turn=turn, event=event, exhausted=interrupt_trace),
+            what=f"event of turn {turn.id}",
         )
     except Exception:
         log.exception("turn %s: event %s not recorded", turn.id, event.get("kind"))

@@ -10,10 +10,13 @@ inspection snapshot carries them with the ticket's other events.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from django.db import transaction
+
 from core.canonical import canonical_json
-from tickets import lifecycle
+from tickets import budgets, lifecycle
 from tickets.models import Ticket, TicketEvent
 
 from ..models import Turn
@@ -27,9 +30,18 @@ TURN_EVENT_KINDS = ("tool_started", "tool_ended", "agent_usage")
 TURN_EVENT_MAX_BYTES = 4096
 
 
-def record_turn_event(*, turn: Turn, event: dict[str, Any]) -> bool:
+def record_turn_event(
+    *,
+    turn: Turn,
+    event: dict[str, Any],
+    exhausted: Callable[[str], Any] | None = None,
+) -> bool:
     """Append one turn event of an allowed kind to the turn's ticket; a
-    detail over ``TURN_EVENT_MAX_BYTES`` is refused (logged, not written)."""
+    detail over ``TURN_EVENT_MAX_BYTES`` is refused (logged, not written).
+    An ``agent_usage`` counts against its trace's budget in the same
+    transaction (tickets/budgets.py); when it is the one that exhausts the
+    budget, ``exhausted(trace_id)`` is called after the commit (the
+    caller's interrupt of the trace's running turns)."""
     kind = event.get("kind")
     if kind not in TURN_EVENT_KINDS:
         log.warning("turn %s: event kind %r refused", turn.id, kind)
@@ -38,13 +50,21 @@ def record_turn_event(*, turn: Turn, event: dict[str, Any]) -> bool:
     if len(canonical_json(detail, default=str)) > TURN_EVENT_MAX_BYTES:
         log.warning("turn %s: %s event over %s bytes refused", turn.id, kind, TURN_EVENT_MAX_BYTES)
         return False
-    lifecycle.append_event(
-        ticket_id=turn.ticket_id,
-        kind=kind,
-        actor=f"turn:{turn.seq}:worker",
-        turn_id=turn.id,
-        detail=detail,
-    )
+    with transaction.atomic():
+        lifecycle.append_event(
+            ticket_id=turn.ticket_id,
+            kind=kind,
+            actor=f"turn:{turn.seq}:worker",
+            turn_id=turn.id,
+            detail=detail,
+        )
+        if kind == "agent_usage":
+            trace_id = Ticket.objects.filter(id=turn.ticket_id).values_list("trace_id", flat=True)
+            charged = budgets.charge(
+                trace_id=trace_id.get(), ticket_id=turn.ticket_id, turn_id=turn.id, usage=detail
+            )
+            if charged is not None and charged.exhausted and exhausted is not None:
+                transaction.on_commit(lambda: exhausted(charged.trace_id))
     return True
 
 

@@ -24,6 +24,8 @@ DECLARE
     v_flagged boolean;
     v_woke boolean;
     v_refusal text;
+    v_held integer;
+    v_spent boolean;
 BEGIN
     -- 0. A route that moved (docs/explanation/design.md, "Routes that move"): a key
     --    admitted through an alias before it moved is the ticket it named,
@@ -170,11 +172,22 @@ BEGIN
             FROM up WHERE up.submitted_by IS NOT NULL LIMIT 1;
         END IF;
         v_party := COALESCE(v_party, '-');
-        IF v_refusal IS NULL AND (p_trace IS NOT NULL OR p_parent IS NOT NULL) AND COALESCE(
-                (SELECT (tr.parties ->> v_party)::integer
-                 FROM tickets_trace tr WHERE tr.id = v_trace FOR UPDATE), 0)
-                >= p_hard THEN
-            v_refusal := 'circuit_open';
+        -- A trace's budget (tickets/budgets.py): spent (``exhausted_at``,
+        -- set under this same row lock by the service that counts usage, so
+        -- an admission queued here behind it reads it), or past its
+        -- wall-clock budget since the root's admission, the trace takes
+        -- nothing more.
+        IF v_refusal IS NULL AND (p_trace IS NOT NULL OR p_parent IS NOT NULL) THEN
+            SELECT COALESCE((tr.parties ->> v_party)::integer, 0),
+                tr.exhausted_at IS NOT NULL OR COALESCE(tr.created_at + make_interval(
+                    secs => (tr.budget ->> 'wall_s')::float8) <= p_now, false)
+            INTO v_held, v_spent
+            FROM tickets_trace tr WHERE tr.id = v_trace FOR UPDATE;
+            IF v_spent THEN
+                v_refusal := 'trace_budget_exhausted';
+            ELSIF COALESCE(v_held, 0) >= p_hard THEN
+                v_refusal := 'circuit_open';
+            END IF;
         END IF;
 
         -- 3. The ticket (the dispatcher is woken after commit). The ledger is

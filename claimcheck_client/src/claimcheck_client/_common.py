@@ -55,6 +55,7 @@ def submission(
     return_to: str | ReturnTo | Mapping[str, Any] | None,
     requester: Mapping[str, Any] | None,
     wait_s: float | None,
+    budget: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"endpoint": endpoint, "input": dict(input), "dedupe_key": dedupe_key}
     if parent is not None:
@@ -74,6 +75,8 @@ def submission(
         body["requester"] = dict(requester)
     if wait_s is not None:
         body["wait_s"] = wait_s
+    if budget is not None:
+        body["budget"] = dict(budget)
     return body
 
 

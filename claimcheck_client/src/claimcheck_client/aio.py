@@ -102,6 +102,7 @@ class AsyncClient:
         return_to: str | ReturnTo | Mapping[str, Any] | None = None,
         requester: Mapping[str, Any] | None = None,
         wait_s: float | None = None,
+        budget: Mapping[str, Any] | None = None,
     ) -> Ticket:
         body = _common.submission(
             endpoint=endpoint,
@@ -112,6 +113,7 @@ class AsyncClient:
             return_to=return_to,
             requester=requester,
             wait_s=wait_s,
+            budget=budget,
         )
         data = await self._request(
             "POST", "/tickets", json=body, timeout=self.timeout + (wait_s or 0)

@@ -117,6 +117,7 @@ class Client:
         return_to: str | ReturnTo | Mapping[str, Any] | None = None,
         requester: Mapping[str, Any] | None = None,
         wait_s: float | None = None,
+        budget: Mapping[str, Any] | None = None,
     ) -> Ticket:
         """Submit work; returns the one ticket for it.
 
@@ -135,6 +136,7 @@ class Client:
             return_to=return_to,
             requester=requester,
             wait_s=wait_s,
+            budget=budget,
         )
         data = self._request("POST", "/tickets", json=body, timeout=self.timeout + (wait_s or 0))
         return Ticket.from_json(data)

@@ -117,6 +117,16 @@ class CircuitOpen(ClaimcheckError):
         return self.body.get("trace_id")
 
 
+class TraceBudgetExhausted(ClaimcheckError):
+    """429: the trace spent its token, cost or wall-clock budget."""
+
+    code = "trace_budget_exhausted"
+
+    @property
+    def trace_id(self) -> str | None:
+        return self.body.get("trace_id")
+
+
 class RateLimited(ClaimcheckError):
     """429: this caller is over one of its fair-share limits (admissions per
     window, requests in flight). Retried after its ``Retry-After`` like a
@@ -163,6 +173,7 @@ BY_CODE: dict[str, type[ClaimcheckError]] = {
         TooLarge,
         EndpointQuarantined,
         CircuitOpen,
+        TraceBudgetExhausted,
         RateLimited,
         Unavailable,
     )
