@@ -160,9 +160,11 @@ def test_sigkill_of_a_turns_worker_mid_turn_replays_nothing(stack, record_figure
         stack.create_endpoint(
             address, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, interrupt_grace_s=GRACE_S
         )
-    # Half-second turns: long enough to kill one in its middle, short enough
-    # for the backlog behind a quarantine to drain quickly.
-    load = Load(stack, endpoints, input={"seconds": 0.5}, threads=2, pause_s=0.3, prefix="kill")
+    # 1.5 s turns: long enough that the kill still finds the turn it saw
+    # running after the few round trips between (on a loaded machine those
+    # took more than the half second turns used to last), short enough for
+    # the backlog behind a quarantine to drain quickly.
+    load = Load(stack, endpoints, input={"seconds": 1.5}, threads=2, pause_s=0.3, prefix="kill")
     load.start()
     killed: dict[str, dict] = {}  # turn id -> {ticket, endpoint, case}
     quarantine_s: list[float] = []
