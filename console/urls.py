@@ -63,4 +63,9 @@ urlpatterns = [
         cases.case_stop_process,
         name="case_stop_process",
     ),
+    path(
+        "recovery/<uuid:case_id>/stop-process/panel/",
+        cases.case_stop_panel,
+        name="case_stop_panel",
+    ),
 ]
