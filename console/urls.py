@@ -43,6 +43,7 @@ urlpatterns = [
     path(
         "endpoints/<str:address>/rollback/", endpoints.endpoint_rollback, name="endpoint_rollback"
     ),
+    path("proposals/", proposals.proposal_list, name="proposal_list"),
     path("proposals/<uuid:proposal_id>/", proposals.proposal_detail, name="proposal_detail"),
     path("proposals/<uuid:proposal_id>/review/", proposals.proposal_review, name="proposal_review"),
     path("recovery/<uuid:case_id>/propose/", cases.case_propose, name="case_propose"),
@@ -61,5 +62,10 @@ urlpatterns = [
         "recovery/<uuid:case_id>/stop-process/",
         cases.case_stop_process,
         name="case_stop_process",
+    ),
+    path(
+        "recovery/<uuid:case_id>/stop-process/panel/",
+        cases.case_stop_panel,
+        name="case_stop_panel",
     ),
 ]

@@ -141,6 +141,30 @@ def request_process_stop(worker: str, **arguments) -> None:
         log.exception("stop-the-process request to %s not sent", worker)
 
 
+_SYNC_SQL = """
+WITH w AS (SELECT id FROM runtime_worker WHERE name = %(node)s),
+gone AS (
+  DELETE FROM runtime_workerslot s USING w
+  WHERE s.worker_id = w.id AND NOT (s.pid = ANY(%(pids)s))
+)
+INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)
+SELECT w.id, p, NULL, %(now)s, %(now)s FROM w, unnest(%(pids)s::int[]) AS p
+ON CONFLICT (worker_id, pid) DO NOTHING
+"""
+
+
+def sync_slots(worker: str, pids: list[int]) -> None:
+    """The worker's slots are its pool processes, ``pids``: one row each
+    (idle until it runs a turn), none for a process that is gone. A pool
+    process records its own row only when it starts a turn, so without this
+    a process the pool started in place of one that exited (a "stop the
+    process", a crash, ``max_tasks_per_child``) had no row until its first
+    turn, and the exited one kept its row. Run by the worker's main process,
+    which starts and reaps them, at its start and on every heartbeat."""
+    with connection.cursor() as cur:
+        cur.execute(_SYNC_SQL, {"node": worker, "pids": sorted(pids), "now": timezone.now()})
+
+
 def clear_slot(worker: str, pid: int) -> None:
     WorkerSlot.objects.filter(worker__name=worker, pid=pid).delete()
 

@@ -154,10 +154,32 @@ def _register(sender=None, **kwargs) -> None:
             return None
         return [q.name for q in list(task_consumer.queues)]
 
+    def pool_pids() -> list[int] | None:
+        # The pool's processes, as the prefork pool lists them (None for a
+        # pool without processes of its own: solo, threads).
+        pool = getattr(getattr(sender, "pool", None), "_pool", None)
+        processes = getattr(pool, "_pool", None)
+        if processes is None:
+            return None
+        return [p.pid for p in list(processes) if p.pid]
+
+    def sync_slots() -> None:
+        pids = pool_pids()
+        if pids is not None and "turns" in queues:  # a control worker runs no turns
+            registry.sync_slots(name, pids)
+
+    try:
+        sync_slots()
+    except Exception:
+        log.warning("slots of worker %s not recorded", name, exc_info=True)
+    finally:
+        connection.close()
+
     def beat() -> None:
         while not SHUTDOWN.wait(settings.WORKER_HEARTBEAT_S):
             try:
                 registry.beat_worker(name, consuming())
+                sync_slots()
             except Exception as exc:  # a database outage: the next beat retries
                 if is_transient(exc):
                     warn_transient(log, f"worker heartbeat of {name} failed", exc)

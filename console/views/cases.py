@@ -10,7 +10,10 @@ import json
 
 from django.contrib import messages
 from django.http import HttpResponse
+from django.middleware.csrf import get_token
+from django.shortcuts import render
 from django.urls import reverse
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
 from core.errors import Invalid
@@ -18,6 +21,7 @@ from recovery import services as recovery_services
 
 from ..forms import DecisionForm, LessonProposalMixin, LessonWithProposalForm
 from ..selectors import cases as selectors
+from ..templatetags.workertags import stop_process_form
 from .common import act, login_required, page
 
 
@@ -199,6 +203,18 @@ def case_stop_process(request, case_id):
         refused=_refused_with_notice(request, case),
         then=reverse("case_detail", args=[case.id]),
     )
+
+
+@login_required
+def case_stop_panel(request, case_id):
+    """The case page's "Worker process" panel alone: it polls this while a
+    stop is requested, so the page says what became of the process once the
+    worker reports (or a sweep closes the stop), without a reload."""
+    case = selectors.get_case(case_id, user=request.user)
+    context = stop_process_form({"csrf_token": get_token(request)}, case)
+    response = render(request, "console/_stop_process.html", context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
 
 
 @login_required

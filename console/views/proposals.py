@@ -15,13 +15,27 @@ from ..selectors import proposals as selectors
 from .common import act, login_required, page
 
 
+@login_required
+def proposal_list(request):
+    context = selectors.proposal_list_page(
+        user=request.user, state=request.GET.get("state", "").strip()
+    )
+    return page(
+        request,
+        "console/proposal_list.html",
+        {"section": "proposals", **context},
+        region="table",
+        status=400 if context["error"] else 200,
+    )
+
+
 def _proposal_page(request, proposal_id, *, form=None):
     proposal = selectors.visible_proposal(proposal_id, user=request.user)
     return page(
         request,
         "console/proposal_detail.html",
         {
-            "section": "endpoints",
+            "section": "proposals",
             **selectors.proposal_page(proposal, user=request.user),
             # A refusal shows in the form (``act`` adds it as its error).
             "review_form": form or ReviewForm(prefix="review"),
