@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "budgets.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "howto" / "trace-budgets.md"
 AGENT = {"kind": "agent", "framework": "pydantic_ai", "path": "runtime.demo.agent"}
 
 

@@ -112,8 +112,8 @@ def test_the_trace_page_reads_a_bounded_number_of_queries(
     small, large = trace_of(2), trace_of(40)
     client.force_login(viewer)
     # Session and user, the live token, the anchor, the lineage, the
-    # tickets with their turns, their cases, their events.
-    with django_assert_max_num_queries(9) as small_queries:
+    # tickets with their turns, their cases, their events, the trace's budget.
+    with django_assert_max_num_queries(10) as small_queries:
         assert client.get(small).status_code == 200
     with django_assert_max_num_queries(len(small_queries.captured_queries)):
         assert client.get(large).status_code == 200
