@@ -192,24 +192,39 @@ def check_admission(user) -> None:
     items = _items(spec)
     if not items or not _redis_usable():
         return
-    key = subject(user)
+    _moving_window(
+        items,
+        "admissions",
+        subject(user),
+        count=True,
+        over=lambda item: (
+            f"over the admission limit of {item.amount} per {item.multiples} "
+            f"{item.GRANULARITY.name} ({source}); retry after the Retry-After seconds"
+        ),
+        what="an admission",
+    )
+
+
+def _moving_window(items, namespace: str, key: str, *, count: bool, over, what: str) -> None:
+    """Each window of ``items`` for ``key``: counted (``count``) or only
+    tested; 429 ``rate_limited`` with ``over(item)`` and the window's reset
+    as ``Retry-After`` at the first one used up. Any fault of the store
+    fails open (``what`` names the check in the log)."""
     try:
         limiter = MovingWindowRateLimiter(storage())
         for item in items:
-            if limiter.hit(item, "admissions", key):
+            if (limiter.hit if count else limiter.test)(item, namespace, key):
                 continue
-            reset_at = limiter.get_window_stats(item, "admissions", key).reset_time
+            reset_at = limiter.get_window_stats(item, namespace, key).reset_time
             raise RateLimited(
-                f"over the admission limit of {item.amount} per {item.multiples} "
-                f"{item.GRANULARITY.name} ({source}); retry after the Retry-After "
-                "seconds",
+                over(item),
                 limit=item.amount,
                 retry_after=math.ceil(max(1.0, reset_at - time.time())),
             )
     except RateLimited:
         raise
     except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
-        _fail_open("an admission", exc)
+        _fail_open(what, exc)
 
 
 # --- Failed authentications per client address ---------------------------------------------
@@ -235,23 +250,18 @@ def check_failed_auth(address: str | None) -> None:
     items = _items(settings.RATE_LIMIT_FAILED_AUTH)
     if not items or not address or not _redis_usable():
         return
-    try:
-        limiter = MovingWindowRateLimiter(storage())
-        for item in items:
-            if limiter.test(item, "failed_auth", address):
-                continue
-            reset_at = limiter.get_window_stats(item, "failed_auth", address).reset_time
-            raise RateLimited(
-                f"over {item.amount} failed authentications per {item.multiples} "
-                f"{item.GRANULARITY.name} from this address (RATE_LIMIT_FAILED_AUTH); retry "
-                "after the Retry-After seconds",
-                limit=item.amount,
-                retry_after=math.ceil(max(1.0, reset_at - time.time())),
-            )
-    except RateLimited:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any fault of the store fails open
-        _fail_open("a failed authentication", exc)
+    _moving_window(
+        items,
+        "failed_auth",
+        address,
+        count=False,
+        over=lambda item: (
+            f"over {item.amount} failed authentications per {item.multiples} "
+            f"{item.GRANULARITY.name} from this address (RATE_LIMIT_FAILED_AUTH); retry "
+            "after the Retry-After seconds"
+        ),
+        what="a failed authentication",
+    )
 
 
 def count_failed_auth(address: str | None) -> None:
