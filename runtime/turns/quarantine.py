@@ -37,11 +37,7 @@ def quarantine_turn(*, turn_id: uuid.UUID, actor: str = "sweeper") -> uuid.UUID 
         return None
     now = timezone.now()
     with transaction.atomic():
-        Ticket.objects.select_for_update().get(id=turn.ticket_id)
-        EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
-        turn = (
-            Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn_id)
-        )
+        turn = _lock_for_quarantine(turn)
         grace = timedelta(seconds=turn.endpoint.interrupt_grace_s)
         # The database stamped the interrupt request (budgets.request_interrupt):
         # its grace runs out on the same clock, whatever this host's says.
@@ -85,11 +81,7 @@ def quarantine_side_effect_in_doubt(
         return None
     now = timezone.now()
     with transaction.atomic():
-        Ticket.objects.select_for_update().get(id=turn.ticket_id)
-        EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
-        turn = (
-            Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn_id)
-        )
+        turn = _lock_for_quarantine(turn)
         if not Turn.objects.filter(
             id=turn.id, seq=seq, state__in=(TurnState.RUNNING, TurnState.INTERRUPTING)
         ).update(state=TurnState.UNCERTAIN):
@@ -117,6 +109,15 @@ def quarantine_side_effect_in_doubt(
         )
     log.error("endpoint %s quarantined: %s (case %s)", turn.endpoint.address, reason, case_id)
     return case_id
+
+
+def _lock_for_quarantine(turn: Turn) -> Turn:
+    """Lock ticket, lock row and turn, in the order every path that takes
+    more than one of them takes them (the finish's); the turn as locked,
+    with its endpoint. In the caller's transaction."""
+    Ticket.objects.select_for_update().get(id=turn.ticket_id)
+    EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
+    return Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn.id)
 
 
 # The open calls a case's reason names one by one (all are in the event).

@@ -16,6 +16,7 @@ from django.db import connections, transaction
 
 from runtime import turns as runtime
 from runtime.models import Turn
+from tests.waiting import wait_for
 from tickets import budgets
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent, Trace
@@ -39,14 +40,6 @@ def spent(ticket: Ticket) -> int:
             "detail", flat=True
         )
     )
-
-
-def wait_until(predicate, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_a_root_sets_the_budget_and_a_child_may_not(api, make_endpoint):
@@ -170,8 +163,10 @@ def test_two_agents_spend_past_the_budget_the_trace_closes_and_the_running_turn_
     worker = threading.Thread(target=lambda: (run(slow), connections.close_all()))
     started = time.monotonic()
     worker.start()
-    wait_until(
-        lambda: Turn.objects.filter(ticket=slow, state="running").exists(), what="the slow turn"
+    wait_for(
+        lambda: Turn.objects.filter(ticket=slow, state="running").exists(),
+        timeout=60,
+        message="the slow turn",
     )
     third = admit_ticket(
         endpoint="b.agent-b", input={"prompt": "remember gamma"}, trace_id=trace_id
@@ -245,13 +240,17 @@ def test_past_its_wall_clock_the_trace_closes_and_its_running_turn_stops(api, ma
     worker = threading.Thread(target=lambda: (run(root), connections.close_all()))
     started = time.monotonic()
     worker.start()
-    wait_until(lambda: Turn.objects.filter(ticket=root, state="running").exists(), what="the turn")
+    wait_for(
+        lambda: Turn.objects.filter(ticket=root, state="running").exists(),
+        timeout=60,
+        message="the turn",
+    )
     asked: list = []
     # The sweep closes the trace once its clock ran out (1 s after the root).
-    wait_until(
+    wait_for(
         lambda: asked.extend(runtime.sweep_trace_budgets()) or asked,
         timeout=30,
-        what="the wall-clock sweep",
+        message="the wall-clock sweep",
     )
     assert asked == [Turn.objects.get(ticket=root).id]
     assert runtime.sweep_trace_budgets() == []  # once
