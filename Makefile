@@ -12,9 +12,9 @@ PG_SUPERUSER_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # pytest-xdist workers for `make test`: each has its own test database
 # (test_claimcheck_gw0, ...) and Redis database (tests/conftest.py); a test
 # file stays on one worker. TEST_WORKERS=0 runs in one process. Three on
-# two cores: four were no faster (2026-12-02, quiet: 485 s against 488 s of
-# pytest, 534 CPU-s) and failed a timing-bound fault test. The slowest
-# files start first (tests/file_seconds.json).
+# two cores: the suite is bound by CPU, so a fourth process adds no speed,
+# only contention that makes the timing-bound fault tests miss their
+# deadlines. The slowest files start first (tests/file_seconds.json).
 TEST_WORKERS ?= 3
 # A Debian package a target needs, installed only when its command is
 # missing, with one line naming it first: a fresh machine's `make test`
@@ -38,8 +38,9 @@ help: ## list the targets
 		python3 -m pip install --quiet 'uv>=0.9,<1'; }
 	@# Bytecode now, once: where the environment sets PYTHONDONTWRITEBYTECODE
 	@# (this machine's shells do), every process the tests and `make run`
-	@# start would otherwise compile Django and Celery from source again
-	@# (5.0 s against 1.7 s a start here; 11.5 min against 5 for the suite).
+	@# start would otherwise compile Django and Celery from source again,
+	@# which costs more than the rest of its start (and the suite starts
+	@# over a hundred).
 	uv sync --frozen --python python3 --compile-bytecode --all-extras
 	@touch $@
 
@@ -81,7 +82,8 @@ test: install services browser pgbouncer proxy ## lint, the layer contracts, mig
 	@# connect directly: the functions' calls run prepared, as a direct
 	@# deployment's do (the PgBouncer test's pooled processes turn it off).
 	@# PYTHONDONTWRITEBYTECODE cleared: pytest keeps the test modules and
-	@# plugins it rewrote for its asserts (3 s of each worker's start).
+	@# plugins it rewrote for its asserts, which each worker would otherwise
+	@# rewrite again at its start.
 	PYTHONDONTWRITEBYTECODE= DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
 		DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--durations 15 $(PYTEST_ARGS)
