@@ -83,7 +83,7 @@ def print_tree(nodes) -> None:
         parent = by_id.get(node.parent)
         grandparent = by_id.get(parent.parent) if parent else None
         home = grandparent is not None and grandparent.endpoint == node.endpoint
-        note = f"  (callback: {parent.endpoint}'s answer home)" if home else ""
+        note = f"  (callback for {parent.endpoint})" if home else ""
         print(f"  {'  ' * depth}{node.endpoint}: {node.state}{note}")
         for child in children.get(node.id, []):
             show(child, depth + 1)

@@ -1,7 +1,7 @@
 """examples/run_research.py prints the trace as a tree: each ticket under its
-parent, and a child's answer home (a callback ticket on the asking
-endpoint, admitted as the child's own child) marked as such, so the
-researcher's trace does not read as four sub-agents."""
+parent, and the callback that brings a child's answer home (a ticket on
+the asking endpoint, admitted as the child's own child) marked "callback
+for" that child, as the console's trace marks it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_the_trace_prints_as_a_tree_with_its_callbacks_marked(capsys):
     assert capsys.readouterr().out.splitlines() == [
         "  ex.research: succeeded",
         "    ex.search: succeeded",
-        "      ex.research: succeeded  (callback: ex.search's answer home)",
+        "      ex.research: succeeded  (callback for ex.search)",
         "    ex.summarize: succeeded",
-        "      ex.research: succeeded  (callback: ex.summarize's answer home)",
+        "      ex.research: succeeded  (callback for ex.summarize)",
     ]
