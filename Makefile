@@ -12,10 +12,19 @@ PG_SUPERUSER_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 # pytest-xdist workers for `make test`: each has its own test database
 # (test_claimcheck_gw0, ...) and Redis database (tests/conftest.py); a test
 # file stays on one worker. TEST_WORKERS=0 runs in one process. Three on
-# two cores: four were no faster (2026-12-02, quiet: 485 s against 488 s of
-# pytest, 534 CPU-s) and failed a timing-bound fault test. The slowest
-# files start first (tests/file_seconds.json).
+# two cores: the suite is bound by CPU, so a fourth process adds no speed,
+# only contention that makes the timing-bound fault tests miss their
+# deadlines. The slowest files start first (tests/file_seconds.json).
 TEST_WORKERS ?= 3
+# A Debian package a target needs, installed only when its command is
+# missing, with one line naming it first: a fresh machine's `make test`
+# says what it is about to install rather than going quiet for a minute.
+# $(1) the command, $(2) the package, $(3) what it is for.
+define apt-need
+@command -v $(1) >/dev/null || test -x /usr/sbin/$(1) || { \
+	echo "make: installing the Debian package $(2) ($(3))" && \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes apt-get install -y -qq $(2) >/dev/null; }
+endef
 # pytest-django's name for the test database (test_ + the URL's database name).
 TEST_DB_NAME = test_$(lastword $(subst /, ,$(firstword $(subst ?, ,$(TEST_DATABASE_URL)))))
 
@@ -25,11 +34,13 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 .venv/.installed: pyproject.toml uv.lock
-	@command -v uv >/dev/null || python3 -m pip install --quiet 'uv>=0.9,<1'
+	@command -v uv >/dev/null || { echo "make: installing uv (pip) to build .venv/"; \
+		python3 -m pip install --quiet 'uv>=0.9,<1'; }
 	@# Bytecode now, once: where the environment sets PYTHONDONTWRITEBYTECODE
 	@# (this machine's shells do), every process the tests and `make run`
-	@# start would otherwise compile Django and Celery from source again
-	@# (5.0 s against 1.7 s a start here; 11.5 min against 5 for the suite).
+	@# start would otherwise compile Django and Celery from source again,
+	@# which costs more than the rest of its start (and the suite starts
+	@# over a hundred).
 	uv sync --frozen --python python3 --compile-bytecode --all-extras
 	@touch $@
 
@@ -49,14 +60,13 @@ services: ## start the machine's PostgreSQL and Redis if they are stopped
 	@scripts/services.sh
 
 browser: ## install Debian's chromium for the console tests
-	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	$(call apt-need,chromium,chromium,the console's browser tests)
 
 pgbouncer: ## install Debian's pgbouncer for the pooler test (tests/test_pgbouncer.py)
-	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || \
-		(apt-get update -qq && apt-get install -y -qq pgbouncer >/dev/null)
+	$(call apt-need,pgbouncer,pgbouncer,the pooler test)
 
 proxy: ## install Debian's nginx for the buffering-proxy test (deploy/nginx.conf)
-	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx-light >/dev/null)
+	$(call apt-need,nginx,nginx-light,the buffering-proxy test)
 
 test: install services browser pgbouncer proxy ## lint, the layer contracts, migrations in step, then every test against PostgreSQL and Redis
 	.venv/bin/ruff check .
@@ -72,7 +82,8 @@ test: install services browser pgbouncer proxy ## lint, the layer contracts, mig
 	@# connect directly: the functions' calls run prepared, as a direct
 	@# deployment's do (the PgBouncer test's pooled processes turn it off).
 	@# PYTHONDONTWRITEBYTECODE cleared: pytest keeps the test modules and
-	@# plugins it rewrote for its asserts (3 s of each worker's start).
+	@# plugins it rewrote for its asserts, which each worker would otherwise
+	@# rewrite again at its start.
 	PYTHONDONTWRITEBYTECODE= DATABASE_URL=$(TEST_DATABASE_URL) DATABASE_APP_ROLE=$(TEST_DB_APP) DATABASE_LISTEN_URL= \
 		DATABASE_PREPARED_CALLS=1 CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--durations 15 $(PYTEST_ARGS)
@@ -111,7 +122,7 @@ fmt: install ## ruff fix and format
 
 bench-install: install ## the benchmarks' optional dependency group (DBOS, Procrastinate) and wrk
 	uv sync --frozen --python python3 --compile-bytecode --all-extras --group bench
-	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)
+	$(call apt-need,wrk,wrk,the HTTP benchmark)
 
 bench: bench-install services ## admission and turn benchmarks, each with its ratio to a floor measured in the same run
 	$(PY) bench/admission.py && $(PY) bench/turns.py

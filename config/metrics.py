@@ -119,15 +119,23 @@ class LedgerCollector:
         yield from (up, queued, busy, endpoints, quarantined, cases, obligations, turns)
 
 
+def host_registry(*, ledger: bool) -> CollectorRegistry:
+    """This host's processes (the files in ``PROMETHEUS_MULTIPROC_DIR``)
+    and, with ``ledger``, the database gauges, as one registry: what
+    ``/metrics`` and ``serve_metrics`` expose."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    if ledger:
+        registry.register(LedgerCollector())
+    return registry
+
+
 def render(*, ledger: bool = True) -> bytes:
     """The exposition text: this host's processes (or this process) and,
     with ``ledger``, the database gauges."""
     if multiprocess_dir():
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        text = generate_latest(registry)
-    else:
-        text = generate_latest(REGISTRY)
+        return generate_latest(host_registry(ledger=ledger))
+    text = generate_latest(REGISTRY)
     if ledger:
         ledger_registry = CollectorRegistry()
         ledger_registry.register(LedgerCollector())

@@ -113,10 +113,13 @@ def drop_broken_connection() -> None:
         log.debug("closing the broken connection raised", exc_info=True)
 
 
-def backoff_delay(attempt: int, *, base_s: float, cap_s: float) -> float:
-    """Full jitter: random between 0 and min(cap, base * 2^attempt), never
-    below a small floor so a tight loop cannot spin."""
-    return max(0.05, random.uniform(0, min(cap_s, base_s * (2**attempt))))
+def backoff_delay(attempt: int, *, base_s: float, cap_s: float, floor_s: float = 0.05) -> float:
+    """Full jitter (AWS's "Exponential Backoff And Jitter"): random between 0
+    and min(cap, base * 2^attempt), so that many clients retrying one
+    struggling server spread out instead of arriving together; never below
+    ``floor_s``, so that a tight loop cannot spin. The one backoff of the
+    server side: database retries, heartbeats and webhook deliveries."""
+    return max(floor_s, random.uniform(0, min(cap_s, base_s * (2**attempt))))
 
 
 def retry_transient(

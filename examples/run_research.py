@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
-from claimcheck_client import Client, NotFound
+from claimcheck_client import TERMINAL_STATES, Client, NotFound
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = {"pydantic_ai": "pai", "openai_agents": "oai", "langgraph": "lg"}
@@ -58,9 +59,37 @@ def main() -> int:
             return 1
         done = cc.wait(ticket.id, timeout=120)
         print(f"{done.state}: {done.result if done.state == 'succeeded' else done.error}")
-        for node in cc.lineage(done.id).nodes:
-            print(f"  {'  ' * node.depth}{node.endpoint}: {node.state}")
+        # The callback that completes the root finishes its own ticket just
+        # after: wait (briefly) until the whole trace is at rest.
+        nodes = cc.lineage(done.id).nodes
+        deadline = time.monotonic() + 10
+        while any(n.state not in TERMINAL_STATES for n in nodes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            nodes = cc.lineage(done.id).nodes
+        print_tree(nodes)
         return 0 if done.state == "succeeded" else 1
+
+
+def print_tree(nodes) -> None:
+    """The trace as a tree, each ticket under its parent. A child's answer
+    comes home as a callback ticket on the asking endpoint, admitted as the
+    child's own child: marked so, it does not read as a third sub-agent."""
+    by_id = {n.id: n for n in nodes}
+    children: dict[str | None, list] = {}
+    for node in nodes:
+        children.setdefault(node.parent if node.parent in by_id else None, []).append(node)
+
+    def show(node, depth: int) -> None:
+        parent = by_id.get(node.parent)
+        grandparent = by_id.get(parent.parent) if parent else None
+        home = grandparent is not None and grandparent.endpoint == node.endpoint
+        note = f"  (callback for {parent.endpoint})" if home else ""
+        print(f"  {'  ' * depth}{node.endpoint}: {node.state}{note}")
+        for child in children.get(node.id, []):
+            show(child, depth + 1)
+
+    for root in children.get(None, []):
+        show(root, 0)
 
 
 if __name__ == "__main__":

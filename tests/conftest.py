@@ -125,11 +125,10 @@ def _runner_allow_list(settings):
 
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
-    """A test's users get MD5 password hashes: the production hasher's
-    deliberate cost (~0.3 s of CPU a user) was half the time of the console
-    and API files (50 s of theirs, 25 s without), on a suite bound by CPU,
-    and no test measures it. Processes a test starts (workers, gunicorn)
-    keep the production setting."""
+    """A test's users get MD5 password hashes: the production hasher is
+    slow on purpose, which on a suite bound by CPU made most of the time of
+    the console and API files, and no test measures it. Processes a test
+    starts (workers, gunicorn) keep the production setting."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
@@ -137,11 +136,10 @@ def _fast_password_hashing(settings):
 def _static_files_found_on_request(settings):
     """The test client builds Django's handler, and so WhiteNoise's
     middleware, for every test: with ``WHITENOISE_USE_FINDERS`` each
-    instance walks every static file of every finder (26 ms a test under
-    cProfile, a quarter of an authorisation-matrix test). A process builds
-    it once. Here static files are looked up when one is asked for, as
-    ``runserver`` does with DEBUG. With it (and the matrix's shorter
-    grace) ``make test-fast`` went from 225 to 208 test-seconds."""
+    instance walks every static file of every finder, a large part of a
+    short test such as the authorisation matrix's. A process builds it once.
+    Here static files are looked up when one is asked for, as ``runserver``
+    does with DEBUG."""
     settings.WHITENOISE_AUTOREFRESH = True
 
 
@@ -398,7 +396,7 @@ class Processes:
     def stop_all(self) -> None:
         """At teardown nothing is left to observe: every process the test
         started is killed with all its descendants, at once (a warm shutdown
-        took about 1.5 s a worker, quiet, on every test that started one)."""
+        would wait for each worker's pool on every test that started one)."""
         for name in list(self.procs):
             self.kill(name, signal.SIGKILL, descendants=True)
 

@@ -83,9 +83,9 @@ def _flush(conn) -> None:
 
     Django's flush TRUNCATEs every table (a new file for each table and
     index) and then sends post_migrate, which writes the content types and
-    permissions again: 0.27 s after each of the suite's few hundred
-    transactional tests (0.22 s without the post_migrate). A test leaves a
-    few rows: deleting them takes 0.01-0.03 s. The foreign keys are deferred
+    permissions again, after each of the suite's few hundred transactional
+    tests. A test leaves a few rows, and deleting a few rows costs far less
+    than a new file for every table and index. The foreign keys are deferred
     (Django's), so the order does not matter; the append-only tables let
     the owner delete in a transaction that sets ``claimcheck.pruning``
     (core/append_only.py), as retention does."""

@@ -176,9 +176,10 @@ def admit_ticket(
 
 
 # Every field of the ticket, for a duplicate, which the function returns as
-# one JSON value (to_jsonb): a result of forty-odd columns cost every
-# admission, new ones included (NULLs there), about 50 us to describe and
-# load (bench/admission_parts.py). _ticket_from_row reads it back.
+# one JSON value (to_jsonb): as forty-odd columns, every admission, new ones
+# included (NULLs there), would pay to describe and load them, where one
+# JSON column costs a new ticket next to nothing. _ticket_from_row reads it
+# back.
 _TICKET_FIELDS = tuple(Ticket._meta.concrete_fields)
 _TICKET_ATTNAMES = [f.attname for f in _TICKET_FIELDS]
 # claimcheck_admit: tickets/sql/claimcheck_admit.sql.

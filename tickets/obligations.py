@@ -126,8 +126,8 @@ def overdue_unflagged(now):
     """Open obligations past due and not yet flagged, oldest due first.
     ticket_obligation_due_idx holds exactly the open, unflagged ones: an
     obligation flagged long ago and still open (a result nobody pulled)
-    costs a pass nothing, however many there are (bench/scale.py: the idle
-    pass read 5,000 such rows at a million tickets)."""
+    costs a pass nothing, however many there are: they only accumulate, so
+    a pass that read them would slow as the ledger grows."""
     return Ticket.objects.filter(
         obligation_state=ObligationState.OPEN,
         obligation_due_at__lte=now,

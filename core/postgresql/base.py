@@ -2,9 +2,9 @@
 socket instead of asking the server.
 
 Django checks a kept connection before a request's first query with a
-``SELECT 1``: one more round trip on every request, the largest single part
-of a one-row ``POST`` in bench/http.py (a third of its time in the worker
-under wrk). A connection a restart, ``pg_terminate_backend`` or a pooler
+``SELECT 1``: one more round trip on every request, which for a short
+request (a one-row ``POST``, bench/http.py) is the largest single part of
+its time in the worker. A connection a restart, ``pg_terminate_backend`` or a pooler
 closed has the server's last words waiting on its socket (the FATAL
 message, then end of file), and an idle connection has nothing to read:
 PostgreSQL sends an idle session nothing unprompted but what this project

@@ -248,7 +248,7 @@ def test_cancel_from_the_ticket_page(page, live_server):
 
 
 def test_a_refresh_in_flight_never_overwrites_the_answer_to_a_cancel(page, live_server):
-    """The race CI met (2026-12-01): a poll of the ticket region, rendered
+    """A race CI met: a poll of the ticket region, rendered
     before the cancel committed, swapped in while the cancel was in flight;
     the cancel's answer then went to the element the poll had replaced, and
     the page showed "queued" for good (its typed reason held every later

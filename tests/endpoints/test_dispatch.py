@@ -88,11 +88,12 @@ def test_a_release_and_the_next_pass_publish_one_message_for_the_oldest_marked_t
 def test_a_pass_leaves_alone_an_endpoint_whose_oldest_ticket_has_its_message_in_flight(
     make_endpoint,
 ):
-    """Found by bench/turns.py (round 5): between a finish's commit and the
+    """Found by bench/turns.py: between a finish's commit and the
     start of the next ticket it published, the endpoint is free and its
     other tickets are marked, so the dispatcher published one of them too.
-    That message only bounces (a start takes the oldest ticket): 0.2-0.4
-    extra messages per ticket under load, and the dispatcher's own CPU."""
+    That message only bounces (a start takes the oldest ticket): an extra
+    message for a good share of tickets under load, and the dispatcher's
+    own CPU."""
     purge_broker()
     make_endpoint("seven")
     a = admit_ticket(endpoint="seven", input={"n": "a"}).ticket

@@ -130,7 +130,7 @@ def test_a_turn_in_flight_keeps_its_generation_and_the_next_starts_under_the_new
 
 def test_a_generations_outcomes_read_a_bounded_sample_and_count_every_turn(db, monkeypatch):
     """The endpoint page read every turn of a generation to count how they
-    ended (275 ms for 50,000 at a million tickets, bench/console.py): the
+    ended, a cost that grew with the generation (bench/console.py): the
     count of turns comes from the seq range, the rest from the newest few."""
     from endpoints import generation_selectors
 

@@ -346,7 +346,7 @@ def test_a_start_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint, own
 
 
 def test_a_turn_reads_nothing_of_another_endpoints_backlog(make_endpoint, owner_cursor):
-    """Found by auto_explain (round 7): a start takes its endpoint's oldest
+    """Found by auto_explain: a start takes its endpoint's oldest
     queued ticket and a finish unmarks its next one, and with statistics
     taken before a backlog the generic plan found them through
     ``ticket_state_id_idx`` (state, id), walking every endpoint's queued
@@ -390,11 +390,11 @@ def test_a_dispatcher_pass_reads_a_handful_of_rows_whatever_the_backlog(
 
 
 def test_a_finish_reads_a_handful_of_rows_whatever_the_backlog(make_endpoint, owner_cursor):
-    """Found by the benchmark (auto_explain, round 5): the finish unmarked
-    the endpoint's next ticket with ``UPDATE … FROM w``, and with statistics
+    """Found by the benchmark (auto_explain): the finish unmarked the
+    endpoint's next ticket with ``UPDATE … FROM w``, and with statistics
     taken before the backlog grew the planner walked every queued ticket to
-    join it to ``w`` (3,771 rows, 33 ms of a 34 ms finish): O(backlog) per
-    turn, the largest cost in the pipeline. By key, every node touches a
+    join it to ``w``: O(backlog) per turn, nearly all of a finish's time
+    behind a long backlog. By key, every node touches a
     handful of rows however many tickets wait. The plan is the generic one a
     worker's session settles on."""
 

@@ -603,7 +603,7 @@ def test_postgres_crash_while_turns_finish_past_budget_keeps_their_results(stack
     retry their finishes; once each has failed a first time, the workers are
     held (SIGSTOP) until the budget sweep, back with the database, has asked
     each turn to stop, so every finish lands after its interrupt (the order
-    a 30 s outage produced by chance in an outside run). Every result that returned before its
+    a long outage produces by chance). Every result that returned before its
     interrupt is recorded ``succeeded``, with its result; nothing runs twice;
     the audit (``discarded_result`` included) is clean."""
     from .runners import returned_file

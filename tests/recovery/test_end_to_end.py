@@ -18,8 +18,8 @@ def test_stuck_turn_is_quarantined_then_rerun_by_its_owner(
     worker, make_endpoint, api, owner_api, owner
 ):
     # demo.stuck sleeps and ignores interrupts. 12 s is well past budget plus
-    # grace plus two sweeps, also on a loaded machine (at 8 s the turn once
-    # returned, and proved its stop, before the test saw the quarantine), and
+    # grace plus two sweeps, also on a loaded machine (a shorter turn may
+    # return, and prove its stop, before the test sees the quarantine), and
     # short enough to free the worker quickly.
     make_endpoint(
         "rec.stuck",

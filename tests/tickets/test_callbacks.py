@@ -261,8 +261,8 @@ def test_a_chain_past_the_hard_limit_is_refused_and_the_soft_limit_warns(api, ma
 
 @pytest.mark.django_db(transaction=True)
 def test_the_pending_callback_sweep_reads_only_pending_callbacks(make_endpoint, owner_cursor):
-    """Found by bench/scale.py (finding 11): the sweep read the whole ticket
-    table on every pass (326 ms at a million tickets). A partial index holds
+    """Found by bench/scale.py: the sweep read the whole ticket table on
+    every pass, a cost that grows with the ledger. A partial index holds
     only the callbacks still owed: however many tickets the ledger holds, a
     pass with none owed looks at none."""
     import json

@@ -148,7 +148,7 @@ def finish(ticket_id: str) -> Ticket:
 
 
 def _due(delivery_id) -> bool:
-    """The delivery's backoff (at most 10 ms here) has passed, or none is set."""
+    """The delivery's backoff (capped tiny here) has passed, or none is set."""
     due = Delivery.objects.values_list("next_attempt_at", flat=True).get(id=delivery_id)
     return due is None or due <= timezone.now()
 
@@ -956,8 +956,8 @@ def test_https_to_a_pinned_address_keeps_sni_and_verifies_the_host(
 def test_outbound_calls_share_one_tls_context_per_ca_setting(
     api, make_endpoint, receiver, monkeypatch
 ):
-    """Building a verifying TLS context loads the CA bundle (about 21 ms of
-    CPU): every webhook attempt built two. Now one per process and CA
+    """Building a verifying TLS context loads and parses the whole CA
+    bundle: every webhook attempt built two. Now one per process and CA
     setting: three attempts build none after the first, and a changed
     SSL_CERT_FILE (which httpx reads) is honoured with a context of its own."""
     import ssl

@@ -28,10 +28,10 @@ def _plan_nodes(queryset) -> list[dict]:
 def test_an_idle_pass_reads_none_of_the_obligations_it_flagged_before(
     make_endpoint, owner_cursor, settings
 ):
-    """Found by bench/scale.py (finding 12): a result nobody pulls keeps its
-    obligation open, flagged, for good, and the idle pass read every one
-    (5,000 rows at a million tickets, 3.9x its time at ten thousand). The
-    sweep's own partial index holds only what it may still flag."""
+    """Found by bench/scale.py: a result nobody pulls keeps its obligation
+    open, flagged, for good, and the idle pass read every one, so it slowed
+    as the ledger grew. The sweep's own partial index holds only what it may
+    still flag."""
     settings.OBLIGATION_UPDATE_INTERVAL_S = 0  # due at once
     make_endpoint("owed")
     tickets = [admit_ticket(endpoint="owed", input={"i": i}).ticket for i in range(300)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import uuid
 from datetime import datetime
 
@@ -11,16 +10,21 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from standardwebhooks.webhooks import Webhook
 
+from core.transient import backoff_delay
+
 log = logging.getLogger(__name__)
 
 
 def backoff_s(attempt: int) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2^(attempt-1))] (AWS's
-    "Exponential Backoff And Jitter"): spreads retries of many deliveries to
-    one struggling receiver instead of synchronising them."""
-    base = settings.DELIVERY_BACKOFF_BASE_S
-    cap = settings.DELIVERY_BACKOFF_CAP_S
-    return random.uniform(0, min(cap, base * 2 ** max(0, attempt - 1)))  # noqa: S311
+    """The wait after the ``attempt``-th send (from 1): full jitter up to
+    min(cap, base * 2^(attempt-1)), which spreads the retries of many
+    deliveries to one struggling receiver instead of synchronising them."""
+    return backoff_delay(
+        max(0, attempt - 1),
+        base_s=settings.DELIVERY_BACKOFF_BASE_S,
+        cap_s=settings.DELIVERY_BACKOFF_CAP_S,
+        floor_s=0.0,
+    )
 
 
 def signer() -> Webhook:

@@ -68,14 +68,14 @@ BEGIN
 
     -- Each step is its own small statement, run only when the request needs
     -- it: a root ticket on an "enqueue" endpoint, the common case, costs the
-    -- endpoint's lookup and the one statement that writes (about a third
-    -- less server time than one statement holding every guard as a CTE,
-    -- whose unused parts were still planned, started and scanned).
+    -- endpoint's lookup and the one statement that writes (less server
+    -- time than one statement holding every guard as a CTE, whose unused
+    -- parts were still planned, started and scanned).
     --
     -- 1. The endpoint (address, else alias), the ticket already holding the
-    --    key there if one is committed (``held``: a retry then skips the
-    --    guards and the insert, 0.14 ms against 0.22 of server time under
-    --    pgbench, for one index probe more on a new key), and the
+    --    key there if one is committed (``held``: a retry, the case a
+    --    dedupe key exists for, then skips the guards and the insert, at
+    --    the price of one index probe more on a new key), and the
     --    return_to; when restricted, the caller asks the directory who may
     --    submit (endpoints.selectors.may_submit) before anything is
     --    answered, then calls again with ``p_may_submit_restricted``.

@@ -2,14 +2,19 @@
 host's Prometheus metrics (PROMETHEUS_MULTIPROC_DIR: every Celery process of
 the host) over plain HTTP, for worker-only hosts. Web hosts already answer
 on ``/metrics``. Bind it to a private interface (it has no authentication:
-the port's firewall is the allow-list)."""
+the port's firewall is the allow-list).
+
+prometheus-client's own WSGI app answers (content negotiation, compression,
+``name[]`` filters); wsgiref's single-threaded server runs it in this
+process's main thread, so that the ledger gauges' queries reuse one
+database connection instead of opening one per scrape thread."""
 
 from __future__ import annotations
 
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from django.core.management.base import BaseCommand, CommandError
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import make_wsgi_app
 
 from config import metrics
 
@@ -34,15 +39,7 @@ class Command(BaseCommand):
     def handle(self, *args, bind, port, ledger, **options):
         if not metrics.multiprocess_dir():
             raise CommandError("set PROMETHEUS_MULTIPROC_DIR (the directory the workers write)")
-
-        def app(environ, start_response):
-            if environ.get("PATH_INFO") not in ("/", "/metrics"):
-                start_response("404 Not Found", [("Content-Type", "text/plain")])
-                return [b"not found\n"]
-            body = metrics.render(ledger=ledger)
-            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
-            return [body]
-
+        app = make_wsgi_app(metrics.host_registry(ledger=ledger))
         with make_server(bind, port, app, handler_class=_Quiet) as server:
             self.stdout.write(
                 f"serving {metrics.multiprocess_dir()} on http://{bind}:{port}/metrics"
