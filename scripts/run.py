@@ -332,6 +332,9 @@ class Run:
             if ready and not (self.announced or self.stopping):
                 self.announced = True
                 self.first_request()
+        if not self.stopping:  # killed: what it started stops on its parent-death signal
+            self.exit_code = 1
+            self.stop(f"supervisord exited ({self.supervisord.returncode})")
 
     def said(self, message: str) -> str:
         if m := re.match(r"spawned: '([^']+)' with pid (\d+)", message):
