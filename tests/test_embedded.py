@@ -78,7 +78,9 @@ def _processes_under(path: Path) -> list[str]:
 STOP_WAIT_S = 6
 
 
-def _start(var: Path, port: int) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+def _start(
+    var: Path, port: int, **settings: str
+) -> tuple[subprocess.Popen, list[str], threading.Thread]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -86,6 +88,7 @@ def _start(var: Path, port: int) -> tuple[subprocess.Popen, list[str], threading
         not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "DATABASE_APP_ROLE")
     }
     env.update(CLAIMCHECK_VAR_DIR=str(var), PORT=str(port), RUN_STOP_WAIT_S=str(STOP_WAIT_S))
+    env.update(settings)
     lines: list[str] = []
     sup = subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "run.py")],
@@ -188,8 +191,28 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
         assert order.index("web") < min(order.index(n) for n in ("worker", "control", "beat"))
         assert max(order.index(n) for n in ("worker", "control", "beat")) < order.index("postgres")
 
-        # Started again on the same var/; then its supervisor killed outright
-        # (SIGKILL): each process gets its parent-death signal, none is left.
+        # Started again on the same var/, with a cap of one restart: beat
+        # killed twice within RUN_START_SECS of its start, supervisord gives
+        # up on it and everything stops, exit code 1: never half a stack.
+        sup.stdout.close()
+        sup, lines, reader = _start(var, port, RUN_MAX_RESTARTS="1")
+
+        def beat(n: int) -> int | None:
+            pids = re.findall(r"beat (?:pid |restarted \(pid )(\d+)", "".join(lines))
+            return int(pids[n]) if len(pids) > n else None
+
+        for n in range(2):
+            os.kill(
+                wait_for(lambda n=n: beat(n), timeout=180, message=f"beat start {n}"),
+                signal.SIGKILL,
+            )
+        assert sup.wait(timeout=bound + 30) == 1, "".join(lines)
+        assert "beat exited 2 times within 10 s of a start" in "".join(lines)
+        reader.join(timeout=5)
+        assert not _processes_under(var), _processes_under(var)
+
+        # Started again; then its supervisor killed outright (SIGKILL): each
+        # process gets its parent-death signal, none is left.
         sup.stdout.close()
         sup, lines, reader = _start(var, port)
         wait_for(up, timeout=120, interval=0.2, message="the console after a restart")
