@@ -343,6 +343,8 @@ class Run:
         if m := re.match(r"(exited|stopped): (\S+) \((.*?)(; (not )?expected)?\)$", message):
             status = m[3].replace("exit status", "exit code").replace("terminated by", "signal")
             self.exited.add(m[2])
+            if m[2] == "console":  # the listener that prefixes the lines
+                return ""
             if m[1] == "stopped" or self.stopping:
                 took = time.monotonic() - self.stop_started
                 return f"{m[2]} stopped ({status}) {took:.1f} s after the stop began"
