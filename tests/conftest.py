@@ -268,7 +268,7 @@ class Processes:
     def __init__(self, tmp: Path, env: dict[str, str] | None = None):
         self.tmp = tmp
         # Overrides of the test environment (e.g. DATABASE_URL of a private
-        # cluster, see tests/pgcluster.py).
+        # cluster, see tests/faults/cluster.py).
         self.env = env or {}
         self.procs: dict[str, subprocess.Popen] = {}
         # Where each log begins for the test at hand (a shared worker's log

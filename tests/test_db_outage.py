@@ -1,6 +1,6 @@
 """A PostgreSQL restart under real processes (issue 9, findings 2, 6, 7).
 
-A private cluster (tests/pgcluster.py) that these tests stop and start; real
+A private cluster (tests/faults/cluster.py) that these tests stop and start; real
 Celery workers and beat, and the web app under gunicorn, all pointed at it;
 the machine's Redis (the test broker). Nothing is restarted but PostgreSQL.
 
@@ -29,12 +29,12 @@ import pytest
 from django.conf import settings
 
 from core.sweeps import SWEEP_TASKS
-from tests import pgcluster
 from tests.conftest import Processes, purge_broker, wait_for
+from tests.faults.cluster import PrivatePostgres, available
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not pgcluster.available(), reason="PostgreSQL server binaries needed"),
+    pytest.mark.skipif(not available(), reason="PostgreSQL server binaries needed"),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ TERMINAL = {"succeeded", "failed", "cancelled", "recovering", "orphaned"}
 
 @dataclass
 class Stack:
-    pg: pgcluster.PgCluster
+    pg: PrivatePostgres
     env: dict[str, str]
     key: str  # a staff API key
     base: str = ""
@@ -86,7 +86,8 @@ def _free_port() -> int:
 def stack(tmp_path_factory):
     """The private cluster, migrated and seeded, and the web app on it."""
     tmp = tmp_path_factory.mktemp("outage")
-    with pgcluster.PgCluster.create() as pg:
+    with PrivatePostgres() as pg:
+        pg.init().start()
         url = pg.createdb("claimcheck")
         env = {
             "DATABASE_URL": url,
@@ -102,7 +103,7 @@ def stack(tmp_path_factory):
             "DATABASE_APP_ROLE": "",
             "DATABASE_MIGRATE_URL": "",
         }
-        pgcluster.migrate(url, env)
+        _manage(env, "migrate", "--no-input", "-v0")
         _manage(env, "seed_demo", "--allow-production")
         key = _manage(env, "create_api_key", "ops", "--staff").strip().splitlines()[-1]
         stack = Stack(pg=pg, env=env, key=key, clients=[], web_log=tmp / "web.log")

@@ -1,6 +1,7 @@
 """The embedded default: what `make run` starts with no DATABASE_URL or
-CELERY_BROKER_URL (scripts/run.py). The real supervisor, the real servers
-from their wheels and the real processes, in a var/ of the test's own."""
+CELERY_BROKER_URL (scripts/run.py, supervisord with scripts/supervisord.conf).
+The real supervisor, the real servers from their wheels and the real
+processes, in a var/ of the test's own."""
 
 from __future__ import annotations
 
@@ -74,19 +75,20 @@ def _processes_under(path: Path) -> list[str]:
     return found
 
 
-def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
-    # Not pytest's tmp_path: as root the servers run as an unprivileged user,
-    # who must reach var/ (pytest's base directory is private to root).
-    var = Path(tempfile.mkdtemp(prefix="cc-embedded-")) / "var"
-    var.parent.chmod(0o755)
-    port = _free_port()
+STOP_WAIT_S = 6
+
+
+def _start(
+    var: Path, port: int, **settings: str
+) -> tuple[subprocess.Popen, list[str], threading.Thread]:
     env = {
         k: v
         for k, v in os.environ.items()
         if k
         not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "DATABASE_APP_ROLE")
     }
-    env.update(CLAIMCHECK_VAR_DIR=str(var), PORT=str(port), RUN_STOP_WAIT_S="8")
+    env.update(CLAIMCHECK_VAR_DIR=str(var), PORT=str(port), RUN_STOP_WAIT_S=str(STOP_WAIT_S))
+    env.update(settings)
     lines: list[str] = []
     sup = subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "run.py")],
@@ -99,6 +101,16 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
     )
     reader = threading.Thread(target=lambda: lines.extend(sup.stdout), daemon=True)
     reader.start()
+    return sup, lines, reader
+
+
+def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
+    # Not pytest's tmp_path: as root the servers run as an unprivileged user,
+    # who must reach var/ (pytest's base directory is private to root).
+    var = Path(tempfile.mkdtemp(prefix="cc-embedded-")) / "var"
+    var.parent.chmod(0o755)
+    port = _free_port()
+    sup, lines, reader = _start(var, port)
     base = f"http://127.0.0.1:{port}"
     try:
 
@@ -163,13 +175,55 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
         assert f"web (pid {web_pid}) exited with signal SIGKILL; restarting it" in "".join(lines)
         wait_for(up, timeout=120, interval=0.2, message="the console again")
 
-        # Ctrl-C: everything stops, the servers included, within 15 s.
+        # Ctrl-C: everything stops, the servers included, in order (web,
+        # then the workers and beat, then the servers), each group within
+        # RUN_STOP_WAIT_S (the servers 4 s) of its SIGTERM.
         started = time.monotonic()
         os.kill(sup.pid, signal.SIGINT)
-        assert sup.wait(timeout=15) == 0, "".join(lines)
+        bound = 2 * STOP_WAIT_S + 4 + 6  # and some slack for a loaded machine
+        assert sup.wait(timeout=bound) == 0, "".join(lines)
         took = time.monotonic() - started
         assert not _processes_under(var), _processes_under(var)
-        assert took < 15
+        assert took < bound
+        reader.join(timeout=5)
+        stops = [re.search(r"\| (\w+) stopped \(", line) for line in lines]
+        order = [found.group(1) for found in stops if found]
+        assert order.index("web") < min(order.index(n) for n in ("worker", "control", "beat"))
+        assert max(order.index(n) for n in ("worker", "control", "beat")) < order.index("postgres")
+
+        # Started again on the same var/, with a cap of one restart: beat
+        # killed twice within RUN_START_SECS of its start, supervisord gives
+        # up on it and everything stops, exit code 1: never half a stack.
+        sup.stdout.close()
+        sup, lines, reader = _start(var, port, RUN_MAX_RESTARTS="1")
+
+        def beat(n: int) -> int | None:
+            pids = re.findall(r"beat (?:pid |restarted \(pid )(\d+)", "".join(lines))
+            return int(pids[n]) if len(pids) > n else None
+
+        for n in range(2):
+            os.kill(
+                wait_for(lambda n=n: beat(n), timeout=180, message=f"beat start {n}"),
+                signal.SIGKILL,
+            )
+        assert sup.wait(timeout=bound + 30) == 1, "".join(lines)
+        assert "beat exited 2 times within 10 s of a start" in "".join(lines)
+        reader.join(timeout=5)
+        assert not _processes_under(var), _processes_under(var)
+
+        # Started again; then its supervisor killed outright (SIGKILL): each
+        # process gets its parent-death signal, none is left.
+        sup.stdout.close()
+        sup, lines, reader = _start(var, port)
+        wait_for(up, timeout=120, interval=0.2, message="the console after a restart")
+        supervisord = int((var / "run" / "supervisord.pid").read_text())
+        os.kill(supervisord, signal.SIGKILL)
+        sup.wait(timeout=30)
+        wait_for(
+            lambda: not _processes_under(var),
+            timeout=30,
+            message="every process gone with its supervisor",
+        )
     finally:
         if sup.poll() is None:
             os.killpg(sup.pid, signal.SIGKILL)

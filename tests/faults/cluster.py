@@ -6,13 +6,13 @@ PostgreSQL refuses to run as root, so the cluster belongs to the
 ``postgres`` OS user (``runuser``) when the tests run as root; its directory
 is a fresh one under the system temp dir (pytest's own tmp dir is private to
 root). Both listen on 127.0.0.1 only, on free ports, and are removed at the
-end of the session.
+end of the session. The cluster is scripts/pglaunch.py's, as `make run`'s
+and tests/test_db_outage.py's are.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import pwd
 import shutil
@@ -20,103 +20,63 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
+from scripts import pglaunch
+from scripts.pglaunch import free_port
 from tests.waiting import wait_for
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["PrivatePostgres", "PrivateRedis", "available", "free_port"]
 
 
-def _pg_bindir() -> Path:
-    for candidate in (os.environ.get("FAULTS_PG_BINDIR", ""), *sorted(
-        glob.glob("/usr/lib/postgresql/*/bin"), reverse=True
-    )):  # fmt: skip
-        if candidate and (Path(candidate) / "initdb").exists():
-            return Path(candidate)
-    found = shutil.which("initdb")
-    if found:
-        return Path(found).parent
-    raise RuntimeError(
-        "the fault tests need PostgreSQL's server binaries (initdb, pg_ctl): install "
-        "postgresql or set FAULTS_PG_BINDIR"
-    )
+def available() -> bool:
+    """The server binaries are installed, and, as root, a ``postgres`` user
+    to run them as."""
+    try:
+        pglaunch.bindir()
+        if os.geteuid() == 0:
+            pwd.getpwnam("postgres")
+    except (pglaunch.NotFound, KeyError):
+        return False
+    return True
 
 
 def _wait(predicate, *, timeout: float, what: str) -> None:
     wait_for(predicate, timeout=timeout, interval=0.1, message=what)
 
 
-class PrivatePostgres:
-    """``initdb`` in a temp dir, ``pg_ctl start|stop|restart`` on a free port."""
+class PrivatePostgres(pglaunch.Cluster):
+    """``initdb`` in a temp dir, ``pg_ctl start|stop|restart`` on a free port,
+    ``kill`` (SIGKILL to the postmaster): scripts/pglaunch.py with the
+    machine's binaries, as the ``postgres`` OS user when we are root."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.bindir = _pg_bindir()
         self.base = Path(tempfile.mkdtemp(prefix="cc-faults-pg-"))
-        self.data = self.base / "data"
-        self.logfile = self.base / "postgres.log"
-        self._as: list[str] = []
-        if os.geteuid() == 0:
+        user = "postgres" if os.geteuid() == 0 else None
+        if user:
             # The server will not run as root: hand the directory to postgres.
-            user = pwd.getpwnam("postgres")
-            os.chown(self.base, user.pw_uid, user.pw_gid)
-            self._as = ["runuser", "-u", "postgres", "--"]
-
-    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [*self._as, *args], check=True, capture_output=True, text=True, timeout=timeout
-        )
+            entry = pwd.getpwnam(user)
+            os.chown(self.base, entry.pw_uid, entry.pw_gid)
+        super().__init__(self.base / "data", pglaunch.bindir(), user=user)
+        self.port = port or free_port()
 
     def init(self) -> PrivatePostgres:
-        self._run(
-            str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-            "--no-sync", "-E", "UTF8",
-        )  # fmt: skip
         # A scratch cluster: durability is not what these tests measure (a
         # restart here is a clean or fast shutdown, never a machine crash).
-        with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(
-                "\n# fault tests\n"
-                "listen_addresses = '127.0.0.1'\n"
-                "max_connections = 300\n"
-                "fsync = off\n"
-                "synchronous_commit = off\n"
-                "full_page_writes = off\n"
-                "jit = off\n"
-            )
+        self.initdb(
+            sync=False,
+            conf={
+                "max_connections": "300",
+                "fsync": "off",
+                "synchronous_commit": "off",
+                "full_page_writes": "off",
+                "jit": "off",
+            },
+        )
         return self
 
-    def start(self) -> None:
-        self._run(
-            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.logfile),
-            "-o", f"-p {self.port} -k {self.base}", "-w", "-t", "60", "start",
-        )  # fmt: skip
-
-    def stop(self, mode: str = "fast") -> None:
-        """``fast`` ends every session and shuts down cleanly; ``immediate``
-        is a crash (recovery on the next start)."""
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
-
-    def restart(self, down_s: float = 0.0, mode: str = "fast") -> None:
-        self.stop(mode)
-        if down_s:
-            time.sleep(down_s)  # the behaviour under test: the server down this long
-        self.start()
-
     def is_up(self) -> bool:
-        done = subprocess.run(
-            [str(self.bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-q"],
-            check=False,
-        )
-        return done.returncode == 0
-
-    def url(self, db: str = "postgres") -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
+        return self.ready()
 
     def execute(self, sql: str, db: str = "postgres") -> None:
         import psycopg
@@ -124,11 +84,21 @@ class PrivatePostgres:
         with psycopg.connect(self.url(db), autocommit=True) as conn:
             conn.execute(sql)
 
+    def createdb(self, name: str) -> str:
+        self.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
     def destroy(self) -> None:
         with contextlib.suppress(Exception):
-            if (self.data / "postmaster.pid").exists():
+            if self.pid() is not None and self.running():
                 self.stop("immediate")
         shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> PrivatePostgres:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
 
 
 class PrivateRedis:
