@@ -24,6 +24,7 @@ from endpoints.schemas import EndpointOut, EndpointPauseOut
 from endpoints.selectors import is_owner, resolve_endpoint
 from tickets import selectors as ticket_selectors
 from tickets.api import actor_of, visible
+from tickets.models import Turn
 from tickets.schemas import TicketOut
 from tickets.selectors import visible_tickets
 
@@ -31,7 +32,6 @@ from . import runners, services, turns
 from .agents.limits import CONVERSATION_MAX_TURNS
 from .agents.selectors import conversation, pending_approvals
 from .agents.services import decide_tool_call
-from .models import Turn
 from .schemas import (
     ApprovalDecidedOut,
     ConversationOut,

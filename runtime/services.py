@@ -18,10 +18,10 @@ from endpoints.models import Endpoint
 from endpoints.selectors import is_owner, resolve_endpoint
 from endpoints.services import record_event, required_reason
 from tickets import lifecycle
-from tickets.models import Ticket
+from tickets.models import EndpointLock, Ticket
 
 from . import registry
-from .models import EndpointLock, Worker, WorkerEvent
+from .models import Worker, WorkerEvent
 from .turns import request_interrupt
 
 

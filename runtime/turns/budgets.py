@@ -20,9 +20,9 @@ from core.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection
 from endpoints.models import Endpoint, RunnerKind
 from tickets import budgets as trace_budgets
 from tickets import lifecycle
+from tickets.models import TURN_ACTIVE_STATES, Turn, TurnState
 
 from .. import runners
-from ..models import TURN_ACTIVE_STATES, Turn, TurnState
 from .held import held, holding
 from .quarantine import quarantine_turn
 from .sweeplock import sweep_lock

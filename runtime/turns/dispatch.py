@@ -23,9 +23,9 @@ from core.sqlfunctions import call_cursor
 from core.transient import TRANSIENT_DB_ERRORS
 from core.wakes import wake
 from endpoints.models import EndpointState
-from tickets.models import Ticket, TicketState
+from tickets.models import EndpointLock, Ticket, TicketState, Turn
 
-from ..models import EndpointLock, Turn, Worker
+from ..models import Worker
 from .sweeplock import sweep_lock
 
 log = logging.getLogger(__name__)

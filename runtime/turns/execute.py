@@ -20,10 +20,9 @@ from core.transient import (
     retry_transient,
 )
 from endpoints import runner_spec
-from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
+from tickets.models import WAIT_EVENT_KINDS, ContextEntry, Ticket, TicketEvent, TicketState, Turn
 
 from .. import registry, runners, running
-from ..models import ContextEntry, Turn
 from ..runners import Outcome, TurnContext
 from .budgets import WORKER_ACTOR, BudgetWatch, interrupt_trace
 from .finish import Finished, finish_turn

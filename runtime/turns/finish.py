@@ -27,12 +27,19 @@ from core.sqlfunctions import call_cursor
 from core.wakes import wake
 from tickets import lifecycle, terminal
 from tickets.admission import admit_ticket
-from tickets.models import CallbackState, Ticket, TicketState
+from tickets.models import (
+    CallbackState,
+    ContextEntry,
+    EndpointLock,
+    Ticket,
+    TicketState,
+    Turn,
+    TurnState,
+)
 from tickets.rights import AskingTurn
 from tickets.waits import TICKET_CHANNEL
 
 from .. import runners
-from ..models import ContextEntry, EndpointLock, Turn, TurnState
 from ..ports import case_keeper
 from ..runners import Outcome
 from .dispatch import publish_next, redispatch_if_free

@@ -22,10 +22,8 @@ from core.ids import new_id
 from core.sqlfunctions import call_cursor
 from core.wakes import wake
 from endpoints.models import Endpoint
-from tickets.models import Ticket, TicketState
+from tickets.models import Ticket, TicketState, Turn, TurnState
 from tickets.waits import TICKET_CHANNEL
-
-from ..models import Turn, TurnState
 
 log = logging.getLogger(__name__)
 
