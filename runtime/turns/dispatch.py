@@ -51,7 +51,7 @@ def redispatch_if_free(lock: EndpointLock) -> None:
 def release_lock(*, endpoint_id: int, turn: Turn) -> None:
     """Release the lock held by ``turn`` (the caller holds the lock row) and,
     after commit, dispatch the endpoint's oldest queued ticket."""
-    # claimcheck_release_lock (runtime/sql/claimcheck_release_lock.sql),
+    # claimcheck_release_lock (tickets/sql/claimcheck_release_lock.sql),
     # which the turn's finish calls too: the release is written in one place.
     # It raises when the turn does not hold the lock (the caller checked: a bug).
     with call_cursor() as cur:
@@ -88,7 +88,7 @@ def dispatch_next(*, endpoint_id: int) -> None:
     Nothing marked: an admission committing now may have been invisible to
     this query, and the dispatcher it woke may have seen the lock still held,
     so wake the dispatcher again once the release commits."""
-    # claimcheck_next_ticket (runtime/sql/claimcheck_next_ticket.sql), the
+    # claimcheck_next_ticket (tickets/sql/claimcheck_next_ticket.sql), the
     # step claimcheck_release_lock ends with: written in one place.
     with call_cursor() as cur:
         cur.execute("SELECT claimcheck_next_ticket(p_endpoint => %s)", [endpoint_id])

@@ -128,7 +128,7 @@ class _Refused(Exception):
         self.written = written
 
 
-# claimcheck_finish_turn: runtime/sql/claimcheck_finish_turn.sql; the
+# claimcheck_finish_turn: tickets/sql/claimcheck_finish_turn.sql; the
 # columns of the next turn it started only when asked to start one.
 # Called with named arguments (a parameter added with a default shifts no
 # caller); the params dict below names each.
@@ -183,7 +183,7 @@ def finish_turn(
     """Accept a turn's outcome only from the exact turn (DESIGN.md flow 2).
 
     The transition is the database function ``claimcheck_finish_turn``
-    (runtime/sql/claimcheck_finish_turn.sql), one statement:
+    (tickets/sql/claimcheck_finish_turn.sql), one statement:
 
     1. Lock ticket, lock row, turn (in that order).
     2. Exact means: ticket.turn, lock.holder and the turn are the same, the

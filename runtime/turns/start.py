@@ -109,7 +109,7 @@ def started_columns(endpoint: str, turn: str, ticket: str) -> str:
     return f"{_select(Endpoint, endpoint)}, {_select(Turn, turn)}, {_select(Ticket, ticket)}"
 
 
-# claimcheck_start_turn: runtime/sql/claimcheck_start_turn.sql.
+# claimcheck_start_turn: tickets/sql/claimcheck_start_turn.sql.
 _START_SQL = (
     f"SELECT {started_columns('o_endpoint', 'o_turn', 'o_ticket')} "
     "FROM claimcheck_start_turn(p_ticket => %s, p_turn => %s, p_task => %s,"

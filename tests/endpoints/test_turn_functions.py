@@ -1,5 +1,5 @@
 """A turn's start and finish, each one database function
-(``claimcheck_start_turn``, ``claimcheck_finish_turn``: runtime/sql/),
+(``claimcheck_start_turn``, ``claimcheck_finish_turn``: tickets/sql/),
 against real PostgreSQL: one statement each, the
 rows a turn leaves, and the guards under races (threads, real row locks):
 two finishes of one turn, a stale ``seq``, a start racing a quarantine; and
