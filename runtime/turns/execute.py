@@ -21,6 +21,7 @@ from core.transient import (
 )
 from endpoints import runner_spec
 from tickets.models import WAIT_EVENT_KINDS, ContextEntry, Ticket, TicketEvent, TicketState, Turn
+from tickets.turns.start import Started, start_turn, started_by
 
 from .. import registry, runners, running
 from ..runners import Outcome, TurnContext
@@ -30,7 +31,6 @@ from .heartbeats import Heartbeater
 from .held import held
 from .quarantine import quarantine_side_effect_in_doubt
 from .receipts import MAX_OPEN_CALLS, keys_in_doubt, open_side_effect_calls, record_turn_event
-from .start import Started, start_turn, started_by
 
 log = logging.getLogger(__name__)
 
