@@ -17,7 +17,9 @@ from core.schemas import StrictTyped
 from . import generation_selectors, proposals, services
 from .schemas import GenerationDetailOut, GenerationsOut, ProposalOut, RouteGenerationOut
 
-router = Router(tags=["endpoints"])
+# Tagged "endpoints" by the one router of /api/v1/endpoints that mounts it
+# (runtime.api.endpoints_router): a tag of its own would be listed twice.
+router = Router()
 
 # Strict types: a number or flag sent as a string ("5", "true") is 422, not coerced.
 Strict = StrictTyped

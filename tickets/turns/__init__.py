@@ -13,4 +13,6 @@ through these.
   row and its token; ``queued -> running``
 - ``finish``  the call of the exact turn's finish and what it reports
 - ``lock``    the lock's release and the endpoint's next ticket
+- ``interrupt`` ``running -> interrupting`` and a ticket's cancel, with the
+  runtime's step (an http agent's cancel URL) registered at start-up
 """
