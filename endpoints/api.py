@@ -1,7 +1,8 @@
 """The directory's routes: an endpoint's governed change (generations,
 proposals and their review, rollbacks, route generations and alias moves).
 Parse, call one service, render. The endpoint's own record, with its lock
-and queue, is served by the runtime (runtime/api.py)."""
+and queue, is served by the runtime (runtime/api.py), whose router of
+/api/v1/endpoints mounts this one."""
 
 from __future__ import annotations
 

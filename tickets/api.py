@@ -323,10 +323,6 @@ def get_lineage(request: HttpRequest, ticket_id: str):
     return selectors.lineage(visible(request, ticket_id), user=request.user)
 
 
-# POST /{ticket_id}/cancel is the runtime's (runtime/api.py): a running
-# ticket's turn is asked to stop.
-
-
 @router.post("/{ticket_id}/approve", response=TicketOut)
 def approve(request: HttpRequest, ticket_id: str):
     ticket = visible(request, ticket_id)

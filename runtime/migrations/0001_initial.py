@@ -6,8 +6,8 @@
 Until the ledger took them over, this migration also created the turn,
 lock and context tables (now tickets/migrations/0001_initial.py, under the
 same table names): a database migrated before that has them from here, a
-fresh one from there, and the two are the same (tests/config/
-test_schema_upgrade.py)."""
+fresh one from there, and the two are the same
+(tests/config/test_schema_upgrade.py)."""
 
 from django.db import migrations, models
 

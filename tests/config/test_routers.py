@@ -53,7 +53,9 @@ ENDPOINTS = {
 
 def _mounted() -> dict[str, list]:
     mounted: dict[str, list] = {}
-    for prefix, router in api._routers:
+    # What config/api.py mounts (ninja lists a mounted router's children in
+    # api._routers too, once the URLs are built).
+    for prefix, router, *_ in api._router_registrations:
         mounted.setdefault(prefix.strip("/"), []).append(router)
     return mounted
 
@@ -64,7 +66,7 @@ def _view_modules(router) -> set[str]:
         for view in router.path_operations.values()
         for operation in view.operations
     }
-    for _, child in router._routers:
+    for _, child, *_ in router._routers:
         modules |= _view_modules(child)
     return modules
 

@@ -7,10 +7,12 @@ are the same schema, tests/config/test_schema_upgrade.py).
 What the database keeps of the old owner is the models' content types
 (``runtime.turn`` ...), to which their permissions and the admin's log
 entries point: they are renamed in place, so a permission given on a turn
-stays given. A database that has ``tickets.turn`` already (the previous
-release was running beside this one and made it) keeps both; the stale
-one goes with ``manage.py remove_stale_contenttypes``. Rows are updated,
-no table is rewritten or locked: safe while the previous release runs."""
+stays given. A database that has ``tickets.turn`` already (a process of
+this release asked for it before ``migrate`` ran) keeps both, and a
+``runtime.turn`` that a process of the previous release makes again during
+the upgrade is stale once they stop: ``manage.py
+remove_stale_contenttypes`` clears either. Rows are updated, no table is
+rewritten or locked: safe while the previous release runs."""
 
 from django.db import migrations
 
