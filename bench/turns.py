@@ -122,9 +122,8 @@ def dispatch_latency(count: int, timeout: float) -> dict:
     starts the turn. Each ticket is waited on until terminal before the next."""
     from django.utils import timezone
 
-    from runtime.models import Turn
     from tickets.admission import admit_ticket
-    from tickets.models import TERMINAL_STATES, Ticket
+    from tickets.models import TERMINAL_STATES, Ticket, Turn
 
     samples = []
     for i in range(count):

@@ -101,23 +101,18 @@ _register_transient_handlers()
 
 def register_routers() -> None:
     from endpoints.api import proposals_router
-    from endpoints.api import router as directory_router
     from recovery.api import router as recovery_router
     from runtime.api import endpoints_router, turns_router, workers_router
-    from runtime.api import tickets_router as cancel_router
     from tickets.api import router as tickets_router
     from tickets.schedules_api import router as schedules_router
 
-    # Two routers on each of /endpoints and /tickets, their paths disjoint:
-    # an endpoint's record and a ticket's cancel are the runtime's, the
-    # endpoint's governed change the directory's. Django tries the patterns
-    # in this order: the tickets' first, as POST /tickets is the hottest
-    # route, and every pattern tried before the one that matches is paid
-    # on each request.
+    # One router per prefix, composed by the app that owns it: /tickets is
+    # the ledger's (tickets/api.py), /endpoints the runtime's, which mounts
+    # the directory's routes of an endpoint (runtime/api.py). Django tries
+    # the patterns in this order: the tickets' first, as POST /tickets is the
+    # hottest route.
     api.add_router("/tickets", tickets_router)
-    api.add_router("/tickets", cancel_router)
     api.add_router("/endpoints", endpoints_router)
-    api.add_router("/endpoints", directory_router)
     api.add_router("/turns", turns_router)
     api.add_router("/recovery", recovery_router)
     api.add_router("/workers", workers_router)

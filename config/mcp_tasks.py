@@ -202,7 +202,7 @@ def cancel(request: HttpRequest, task_id: str) -> None:
     """Ask the ledger to cancel; what it refuses (a finished ticket, a task
     the caller may not see) is acknowledged all the same: the client reads
     the outcome from tasks/get."""
-    from runtime.api import cancel as cancel_ticket
+    from tickets.api import cancel as cancel_ticket
 
     try:
         cancel_ticket(request, task_id)

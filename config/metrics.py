@@ -54,8 +54,14 @@ class LedgerCollector:
 
         from endpoints.models import Endpoint  # noqa: PLC0415
         from recovery.models import CaseState, RecoveryCase  # noqa: PLC0415
-        from runtime.models import TURN_ACTIVE_STATES, EndpointLock, Turn  # noqa: PLC0415
-        from tickets.models import ObligationState, Ticket, TicketState  # noqa: PLC0415
+        from tickets.models import (  # noqa: PLC0415  # noqa: PLC0415
+            TURN_ACTIVE_STATES,
+            EndpointLock,
+            ObligationState,
+            Ticket,
+            TicketState,
+            Turn,
+        )
 
         up = GaugeMetricFamily(
             "claimcheck_ledger_scrape_ok", "1 when the ledger gauges below could be read."

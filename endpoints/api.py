@@ -1,7 +1,8 @@
 """The directory's routes: an endpoint's governed change (generations,
 proposals and their review, rollbacks, route generations and alias moves).
 Parse, call one service, render. The endpoint's own record, with its lock
-and queue, is served by the runtime (runtime/api.py)."""
+and queue, is served by the runtime (runtime/api.py), whose router of
+/api/v1/endpoints mounts this one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from core.schemas import StrictTyped
 from . import generation_selectors, proposals, services
 from .schemas import GenerationDetailOut, GenerationsOut, ProposalOut, RouteGenerationOut
 
-router = Router(tags=["endpoints"])
+# Tagged "endpoints" by the one router of /api/v1/endpoints that mounts it
+# (runtime.api.endpoints_router): a tag of its own would be listed twice.
+router = Router()
 
 # Strict types: a number or flag sent as a string ("5", "true") is 422, not coerced.
 Strict = StrictTyped

@@ -82,8 +82,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from endpoints.models import Endpoint, EndpointGeneration
-from runtime.models import ContextEntry, EndpointLock, Turn
-from tickets.models import Callback, Ticket, TicketEvent
+from tickets.models import Callback, ContextEntry, EndpointLock, Ticket, TicketEvent, Turn
 
 from .models import RecoveryCase
 

@@ -24,7 +24,7 @@ class RecoveryCase(models.Model):
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", on_delete=models.PROTECT, related_name="recovery_cases"
     )
-    turn = models.ForeignKey("runtime.Turn", on_delete=models.PROTECT, related_name="+")
+    turn = models.ForeignKey("tickets.Turn", on_delete=models.PROTECT, related_name="+")
     ticket = models.ForeignKey("tickets.Ticket", on_delete=models.PROTECT, related_name="+")
     reason = models.TextField()
     state = models.CharField(max_length=8, choices=CaseState.choices, default=CaseState.OPEN)

@@ -17,8 +17,7 @@ from core.errors import Invalid, NotFound
 from core.times import iso
 from endpoints.generation_selectors import proposal_status, proposals_from_lesson, review_of
 from endpoints.selectors import owned_endpoint_ids
-from runtime.models import ContextEntry, EndpointLock, Turn
-from tickets.models import Callback, Ticket, TicketEvent
+from tickets.models import Callback, ContextEntry, EndpointLock, Ticket, TicketEvent, Turn
 from tickets.selectors import event_payload, ticket_events, ticket_payload
 
 from .models import CaseEvidence, CaseState, Decision, Inspection, Lesson, RecoveryCase

@@ -30,11 +30,10 @@ from core.ids import new_id
 from endpoints.models import ChangeProposal
 from endpoints.proposals import propose_change
 from endpoints.selectors import is_owner
-from runtime.models import Turn, TurnState
 from runtime.turns import resolve_uncertain_turn
 from tickets import lifecycle
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketState
+from tickets.models import Ticket, TicketState, Turn, TurnState
 from tickets.retry import check_budget
 
 from .models import (

@@ -1,8 +1,12 @@
 """The runtime's routes: the endpoint as it runs (its record with its lock,
 queue and case; create, change, pause, resume), an agent's conversation and
-approvals, turns, workers, and a ticket's cancel (which interrupts a running
-turn). Parse, call one service, render. The governed-change routes of an
-endpoint are the directory's (endpoints/api.py)."""
+approvals, turns and workers. Parse, call one service, render.
+
+``endpoints_router`` is the one router of ``/api/v1/endpoints``: it serves
+the runtime's routes and mounts the directory's (an endpoint's governed
+changes, endpoints/api.py), which cannot mount the runtime's (it sits
+below). The paths of the two are disjoint. A ticket's cancel is the
+ledger's route (tickets/api.py), under its ``/tickets``."""
 
 from __future__ import annotations
 
@@ -19,19 +23,17 @@ from core.errors import Forbidden, NotFound
 from core.schemas import StrictTyped
 from core.times import iso
 from endpoints import services as endpoint_services
+from endpoints.api import router as directory_router
 from endpoints.models import Endpoint
 from endpoints.schemas import EndpointOut, EndpointPauseOut
 from endpoints.selectors import is_owner, resolve_endpoint
-from tickets import selectors as ticket_selectors
-from tickets.api import actor_of, visible
-from tickets.schemas import TicketOut
+from tickets.models import Turn
 from tickets.selectors import visible_tickets
 
 from . import runners, services, turns
 from .agents.limits import CONVERSATION_MAX_TURNS
 from .agents.selectors import conversation, pending_approvals
 from .agents.services import decide_tool_call
-from .models import Turn
 from .schemas import (
     ApprovalDecidedOut,
     ConversationOut,
@@ -45,7 +47,6 @@ from .selectors import endpoint_payload, sees_workers, turn_for_token, workers_o
 
 endpoints_router = Router(tags=["endpoints"])
 turns_router = Router(tags=["turns"])
-tickets_router = Router(tags=["tickets"])
 
 
 # Strict types: a number or flag sent as a string ("5", "true") is 422, not coerced.
@@ -207,6 +208,11 @@ def decide_approval(
     )
 
 
+# The directory's routes of an endpoint (generations, proposals, routes,
+# aliases), after the runtime's: /api/v1/endpoints is this one router.
+endpoints_router.add_router("", directory_router)
+
+
 # --- Turns ----------------------------------------------------------------------
 #
 # Runners and agents answer with the credential issued to their exact turn
@@ -366,16 +372,3 @@ def set_consuming(request: HttpRequest, name: str, payload: ConsumingIn):
         "answered": answered,
         "consuming": worker.consuming,
     }
-
-
-# --- A ticket's cancel --------------------------------------------------------------------------
-#
-# On the tickets' path (POST /tickets/{id}/cancel) but the runtime's: a running
-# ticket's turn is asked to stop (runtime.services.cancel_ticket).
-
-
-@tickets_router.post("/{ticket_id}/cancel", response=TicketOut)
-def cancel(request: HttpRequest, ticket_id: str):
-    ticket = visible(request, ticket_id)
-    services.cancel_ticket(ticket_id=ticket.id, actor=actor_of(request))
-    return ticket_selectors.ticket_payload(ticket_selectors.get_ticket(ticket.id))

@@ -1,6 +1,7 @@
 """The runtime's MCP tool (config/mcp.py, docs/reference/mcp.md): a ticket's cancel,
 which interrupts a running ticket's turn. As the ticket tools
-(tickets/mcp.py), it calls the very route handler the API calls."""
+(tickets/mcp.py), it calls the very route handler the API calls (the
+ledger's, tickets/api.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from typing import Any
 from django.http import HttpRequest
 
 from core.tools import Tool
+from tickets import api
 from tickets.mcp import TicketIdIn
 from tickets.schemas import TicketOut
-
-from . import api
 
 
 def cancel(request: HttpRequest, params: TicketIdIn) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
-    from .models import Turn
+    from tickets.models import Turn
 
 
 class CaseKeeper(Protocol):

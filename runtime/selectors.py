@@ -22,10 +22,10 @@ from endpoints.selectors import (
     sees_configuration,
     submitters_payload,
 )
-from tickets.models import Ticket, TicketState
+from tickets.models import TURN_ACTIVE_STATES, EndpointLock, Ticket, TicketState, Turn, TurnState
 from tickets.selectors import visible_tickets
 
-from .models import TURN_ACTIVE_STATES, EndpointLock, Turn, TurnState, Worker, WorkerSlot
+from .models import Worker, WorkerSlot
 
 # A well-formed hash no token has, compared against when the turn is unknown,
 # so an unknown turn costs the same comparison as a wrong token.

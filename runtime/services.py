@@ -1,11 +1,12 @@
 """The runtime's services besides a turn's own path (``runtime/turns/``):
-cancelling a ticket (a running one is interrupted), an owner's pause and
+an owner's pause and
 resume of an endpoint (no turn starts while paused; the running one
-drains), and staff stopping or resuming a worker's consuming."""
+drains), and staff stopping or resuming a worker's consuming. A ticket's
+cancel is the ledger's (``cancel_ticket``, tickets/turns/interrupt.py),
+named here for the runtime's callers."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.db import transaction
@@ -17,26 +18,11 @@ from core.wakes import wake
 from endpoints.models import Endpoint
 from endpoints.selectors import is_owner, resolve_endpoint
 from endpoints.services import record_event, required_reason
-from tickets import lifecycle
-from tickets.models import Ticket
+from tickets.models import EndpointLock
+from tickets.turns.interrupt import cancel_ticket as cancel_ticket  # the ledger's
 
 from . import registry
-from .models import EndpointLock, Worker, WorkerEvent
-from .turns import request_interrupt
-
-
-def cancel_ticket(*, ticket_id: uuid.UUID, actor: str, reason: str = "") -> Ticket:
-    """``queued | waiting -> cancelled`` (``tickets.lifecycle.request_cancel``);
-    a running ticket is marked cancel-requested and its turn gets an
-    interrupt request, in the same transaction; the ticket becomes
-    cancelled when its turn is proven stopped. A ``reason`` (the console
-    asks for one) is kept in the event's detail. The one cancel of the API
-    (``POST /tickets/{id}/cancel``), the MCP tool and the console."""
-    with transaction.atomic():
-        interrupt = lifecycle.request_cancel(ticket_id=ticket_id, actor=actor, reason=reason)
-        if interrupt is not None:
-            request_interrupt(turn_id=interrupt, reason="cancel", actor=actor)
-    return Ticket.objects.get(id=ticket_id)
+from .models import Worker, WorkerEvent
 
 
 def _owned_for_pause(address: str, user, what: str) -> Endpoint:

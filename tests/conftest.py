@@ -653,8 +653,7 @@ def _other_sessions(busy: bool = False) -> int:
 def _ledger_at_rest() -> bool:
     """No turn running and every ticket terminal or waiting: nothing a
     worker could still be writing while the flush empties the tables."""
-    from runtime.models import TURN_ACTIVE_STATES, Turn
-    from tickets.models import Ticket, TicketState
+    from tickets.models import TURN_ACTIVE_STATES, Ticket, TicketState, Turn
 
     busy = (TicketState.QUEUED, TicketState.RUNNING, TicketState.RECOVERING)
     return (

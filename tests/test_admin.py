@@ -36,9 +36,9 @@ MODELS = [
     "tickets.DeliveryAttempt",
     "endpoints.Endpoint",
     "endpoints.EndpointAlias",
-    "runtime.EndpointLock",
-    "runtime.Turn",
-    "runtime.ContextEntry",
+    "tickets.EndpointLock",
+    "tickets.Turn",
+    "tickets.ContextEntry",
     "endpoints.EndpointGeneration",
     "endpoints.ChangeProposal",
     "endpoints.ChangeReview",
@@ -216,7 +216,7 @@ def test_staff_need_the_view_permission_and_never_get_more(client, records, djan
     assert client.get(u["changelist"]).status_code == 200
     assert client.get(u["change"]).status_code == 200
     assert client.post(u["change"], {"_save": "Save"}).status_code == 403
-    assert client.get(urls("runtime.Turn")["changelist"]).status_code == 403
+    assert client.get(urls("tickets.Turn")["changelist"]).status_code == 403
 
     stranger = django_user_model.objects.create_user("stranger", password="pw", is_staff=True)
     client.force_login(stranger)
@@ -241,7 +241,7 @@ def test_times_read_as_the_console_prints_them(admin_client, records):
     assert not re.search(r"\b(a\.m\.|p\.m\.)", listing)
     page = admin_client.get(urls("tickets.Ticket", root.pk)["change"]).content.decode()
     assert root.finished_at.strftime("%Y-%m-%d %H:%M:%SZ") in page
-    assert UTC_Z.search(admin_client.get(urls("runtime.Turn")["changelist"]).content.decode())
+    assert UTC_Z.search(admin_client.get(urls("tickets.Turn")["changelist"]).content.decode())
 
 
 @pytest.fixture

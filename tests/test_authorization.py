@@ -581,11 +581,18 @@ def registered_routes() -> list[tuple[str, str]]:
     """Every operation the API serves, from the ninja API object (what the
     URLconf routes), not from this file."""
     routes = []
-    for prefix, router in ninja_api._routers:
+
+    def walk(prefix: str, router) -> None:
         for path, path_view in router.path_operations.items():
             for operation in path_view.operations:
                 for method in operation.methods:
                     routes.append((method, f"{prefix}{path}"))
+        # A router mounted in another (the directory's under /endpoints).
+        for child_prefix, child, *_ in router._routers:
+            walk(f"{prefix}{child_prefix}", child)
+
+    for prefix, router, *_ in ninja_api._router_registrations:
+        walk(prefix, router)
     return sorted(set(routes))
 
 

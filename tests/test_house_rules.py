@@ -13,15 +13,17 @@ from core.errors import Invalid
 from endpoints.models import BusyPolicy, EndpointState
 from endpoints.services import MAX_BUDGET_S, update_endpoint
 from runtime import turns as runtime
-from runtime.models import EndpointLock, Turn, TurnState
 from runtime.ports import case_keeper
 from tickets.admission import admit_ticket
 from tickets.models import (
     CallbackState,
     Delivery,
     DeliveryState,
+    EndpointLock,
     ObligationState,
     TicketState,
+    Turn,
+    TurnState,
 )
 
 

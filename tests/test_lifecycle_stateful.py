@@ -63,11 +63,10 @@ from recovery import services as recovery
 from recovery.models import RecoveryCase
 from runtime import services as runtime_services
 from runtime import turns as runtime
-from runtime.models import TURN_ACTIVE_STATES, ContextEntry, EndpointLock, Turn
 from runtime.runners import Outcome
 from tests.conftest import purge_broker, wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import TURN_ACTIVE_STATES, ContextEntry, EndpointLock, Ticket, TicketEvent, Turn
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

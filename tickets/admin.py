@@ -11,9 +11,19 @@ from django.contrib import admin
 from django.db.models import Q
 
 from core.readonly_admin import ReadOnlyAdmin, any_of, endpoint_q, uuid_q
-from endpoints.selectors import resolve_endpoint
+from endpoints.selectors import owned_endpoint_ids, resolve_endpoint
 
-from .models import Callback, Delivery, DeliveryAttempt, Ticket, TicketEvent, Trace
+from .models import (
+    Callback,
+    ContextEntry,
+    Delivery,
+    DeliveryAttempt,
+    EndpointLock,
+    Ticket,
+    TicketEvent,
+    Trace,
+    Turn,
+)
 from .selectors import visible_tickets
 
 
@@ -158,3 +168,71 @@ class DeliveryAttemptAdmin(ReadOnlyAdmin):
 
     def owner_scope(self, queryset, user):
         return queryset.filter(delivery__ticket_id__in=_visible_ids(user))
+
+
+# The turns, the lock and the history: what the runtime shows of them is
+# read here, where they are owned.
+
+
+def _owned_endpoints(user) -> list[int]:
+    """The endpoints ``user`` owns (the console's rule; staff never get here)."""
+    return owned_endpoint_ids(user) or []
+
+
+@admin.register(EndpointLock)
+class EndpointLockAdmin(ReadOnlyAdmin):
+    list_display = ("endpoint", "holder_id", "token", "acquired_at")
+    list_select_related = ("endpoint",)
+    ordering = ("endpoint_id",)
+    search_fields = ("endpoint", "holder")
+    search_help_text = "An endpoint address, or the holding turn's id."
+    raw_id_fields = ("endpoint", "holder")
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(endpoint_q(term, resolve_endpoint), uuid_q(term, "holder_id"))
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned_endpoints(user))
+
+
+@admin.register(Turn)
+class TurnAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "endpoint",
+        "seq",
+        "state",
+        "runner_kind",
+        "ticket_id",
+        "started_at",
+        "deadline_at",
+        "ended_at",
+    )
+    list_select_related = ("endpoint",)
+    ordering = ("-id",)  # time-ordered primary key
+    search_fields = ("id", "ticket", "endpoint")
+    search_help_text = "A turn id, a ticket id (its turns), or an endpoint address."
+    raw_id_fields = ("endpoint", "ticket")
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(uuid_q(term, "id", "ticket_id"), endpoint_q(term, resolve_endpoint))
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned_endpoints(user))
+
+
+@admin.register(ContextEntry)
+class ContextEntryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "endpoint", "seq", "turn_id", "ticket_id", "created_at")
+    list_select_related = ("endpoint",)
+    list_defer = ("input", "result", "artifacts")
+    ordering = ("-id",)
+    search_fields = ("endpoint", "turn", "ticket")
+    search_help_text = "An endpoint address (its history), a turn id or a ticket id."
+    raw_id_fields = ("endpoint", "turn", "ticket")
+
+    def search_q(self, term: str) -> Q | None:
+        return any_of(endpoint_q(term, resolve_endpoint), uuid_q(term, "turn_id", "ticket_id"))
+
+    def owner_scope(self, queryset, user):
+        return queryset.filter(endpoint_id__in=_owned_endpoints(user))

@@ -52,6 +52,7 @@ from .models import (
     ObligationState,
     Ticket,
     TicketState,
+    Turn,
 )
 from .selectors import visible_tickets
 
@@ -503,8 +504,7 @@ def _ticket_from_row(row: Row) -> Ticket:
         alias, ["id", "address"], [ticket.endpoint_id, endpoint_address]
     )
     if ticket.turn_id is not None:
-        # The runtime's Turn (an app above tickets), named by the foreign key.
-        ticket.turn = Ticket.turn.field.related_model.from_db(
+        ticket.turn = Turn.from_db(
             alias, ["id", "seq", "state"], [ticket.turn_id, turn_seq, turn_state]
         )
     if ticket.return_to_id is not None:

@@ -27,6 +27,7 @@ from . import admission, budgets, delivery, obligations, retry, selectors, strea
 from . import search as search_terms
 from .models import TERMINAL_STATES, Ticket
 from .schemas import EventOut, LineageOut, TicketOut, TicketPage
+from .turns import interrupt
 
 log = logging.getLogger(__name__)
 router = Router(tags=["tickets"])
@@ -322,10 +323,6 @@ def get_lineage(request: HttpRequest, ticket_id: str):
     return selectors.lineage(visible(request, ticket_id), user=request.user)
 
 
-# POST /{ticket_id}/cancel is the runtime's (runtime/api.py): a running
-# ticket's turn is asked to stop.
-
-
 @router.post("/{ticket_id}/approve", response=TicketOut)
 def approve(request: HttpRequest, ticket_id: str):
     ticket = visible(request, ticket_id)
@@ -393,4 +390,18 @@ def update_obligation(request: HttpRequest, ticket_id: str, payload: ObligationI
         next_update_at=payload.next_update_at,
         note=payload.note,
     )
+    return selectors.ticket_payload(selectors.get_ticket(ticket.id))
+
+
+# --- A ticket's cancel (tickets/turns/interrupt.py) ---------------------------------------------
+#
+# A running ticket's turn is asked to stop. The operation id is the one this
+# route had when the runtime served it: clients generated from the OpenAPI
+# document keep their method name.
+
+
+@router.post("/{ticket_id}/cancel", response=TicketOut, operation_id="runtime_api_cancel")
+def cancel(request: HttpRequest, ticket_id: str):
+    ticket = visible(request, ticket_id)
+    interrupt.cancel_ticket(ticket_id=ticket.id, actor=actor_of(request))
     return selectors.ticket_payload(selectors.get_ticket(ticket.id))

@@ -10,7 +10,9 @@ class TicketsConfig(AppConfig):
     name = "tickets"
 
     def ready(self) -> None:
-        # Admission and a delivery's opening (tickets/sql/), after every migrate.
+        # The ledger's transition functions (tickets/sql/: admission, a turn's
+        # start and finish, the lock's release, the next ticket, a delivery's
+        # opening), after every migrate.
         post_migrate.connect(
             installer(Path(__file__).parent / "sql"),
             sender=self,

@@ -17,8 +17,7 @@ from django.utils import timezone
 
 from console.templatetags.consoletags import ENDED_ON_EVIDENCE, _span
 from endpoints.models import Endpoint
-from runtime.models import Turn
-from tickets.models import TicketState
+from tickets.models import TicketState, Turn
 from tickets.selectors import visible_tickets
 
 # The dashboard's ranges: (length, bucket, how many buckets). Counts are

@@ -20,10 +20,9 @@ from endpoints.selectors import is_owner, pause_events, sees_configuration
 from recovery.models import CaseState, RecoveryCase
 from recovery.selectors import visible_cases
 from runtime.agents import selectors as agent_selectors
-from runtime.models import Turn
 from runtime.selectors import endpoint_payload, visible_turns
 from tickets import selectors as ticket_selectors
-from tickets.models import Ticket, TicketState
+from tickets.models import Ticket, TicketState, Turn
 from tickets.selectors import visible_tickets
 
 from .charts import chart_range, endpoint_hour, last_hour

@@ -19,7 +19,6 @@ from endpoints.models import Endpoint
 from endpoints.selectors import is_owner, resolve_endpoint
 from recovery.models import CaseState
 from recovery.selectors import visible_cases
-from runtime.models import Turn
 from tickets import retry
 from tickets import selectors as ticket_selectors
 from tickets.models import (
@@ -29,6 +28,7 @@ from tickets.models import (
     ObligationState,
     Ticket,
     TicketState,
+    Turn,
 )
 from tickets.selectors import visible_tickets
 

@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
                 ('closed_at', models.DateTimeField(blank=True, null=True)),
                 ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='recovery_cases', to='endpoints.endpoint')),
                 ('ticket', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tickets.ticket')),
-                ('turn', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='runtime.turn')),
+                ('turn', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tickets.turn')),
             ],
             options={
                 'ordering': ['-opened_at'],

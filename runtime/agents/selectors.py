@@ -7,9 +7,8 @@ import logging
 from typing import Any
 
 from endpoints.models import Endpoint
-from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
+from tickets.models import WAIT_EVENT_KINDS, ContextEntry, Ticket, TicketEvent, TicketState
 
-from ..models import ContextEntry
 from . import memory
 from .limits import CONVERSATION_MAX_TURNS
 

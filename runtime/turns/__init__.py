@@ -24,6 +24,8 @@ Callers outside the package use only the names exported here.
 
 from __future__ import annotations
 
+from tickets.turns.start import Started, start_turn, turn_token_sha256
+
 from ..runners import Outcome, TurnContext
 from .budgets import (
     BudgetWatch,
@@ -38,7 +40,6 @@ from .execute import HISTORY_ENTRIES, current_turns, run_ticket
 from .finish import Finished, finish_turn, outcome_digest
 from .heartbeats import HeartbeatState, heartbeat
 from .quarantine import quarantine_turn, resolve_uncertain_turn
-from .start import Started, start_turn, turn_token_sha256
 
 __all__ = [
     "HISTORY_ENTRIES",

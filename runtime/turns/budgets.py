@@ -13,16 +13,15 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from core.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection, retry_transient
 from endpoints.models import Endpoint, RunnerKind
 from tickets import budgets as trace_budgets
-from tickets import lifecycle
+from tickets.models import TURN_ACTIVE_STATES, Turn, TurnState
+from tickets.turns.interrupt import request_interrupt
 
 from .. import runners
-from ..models import TURN_ACTIVE_STATES, Turn, TurnState
 from .held import held, holding
 from .quarantine import quarantine_turn
 from .sweeplock import sweep_lock
@@ -30,51 +29,14 @@ from .sweeplock import sweep_lock
 log = logging.getLogger(__name__)
 
 
-def request_interrupt(
-    *,
-    turn_id: uuid.UUID | None,
-    reason: str,
-    actor: str,
-    seq: int | None = None,
-    detail: dict | None = None,
-) -> bool:
-    """``running -> interrupting`` for one exact turn (and, given ``seq``, only
-    while the turn carries that fencing token); the worker's heartbeat sees
-    the flag, a command's process group is signalled by its runner, an http
-    agent is asked through its cancel URL (after commit). ``detail`` joins
-    the ``interrupt_requested`` event's (a supersede's ``by``, which the
-    finish copies into the ticket's error). Returns False when
-    the turn was not running (another sweeper, or the turn's own worker, got
-    there first)."""
-    if turn_id is None:
-        return False
-    exact = {"seq": seq} if seq is not None else {}
-    with transaction.atomic():
-        # The database's clock, like the turn's started_at: a late outcome is
-        # judged by comparing the two (docs/explanation/design.md, "A late outcome").
-        updated = Turn.objects.filter(id=turn_id, state=TurnState.RUNNING, **exact).update(
-            state=TurnState.INTERRUPTING, interrupt_requested_at=Now(), interrupt_reason=reason
-        )
-        if not updated:
-            return False
-        turn = Turn.objects.select_related("endpoint").get(id=turn_id)
-        lifecycle.append_event(
-            ticket_id=turn.ticket_id,
-            kind="interrupt_requested",
-            actor=actor,
-            turn_id=turn.id,
-            detail={
-                **(detail or {}),
-                "seq": turn.seq,
-                "reason": reason,
-                "grace_s": turn.endpoint.interrupt_grace_s,
-            },
-        )
-        if turn.runner_kind == RunnerKind.HTTP:
-            runner, seq = turn.endpoint.runner, turn.seq
-            transaction.on_commit(lambda: runners.cancel_http_turn(runner, turn_id, seq))
-    log.warning("interrupt requested for turn %s (%s)", turn_id, reason)
-    return True
+def cancel_http_turn(turn: Turn) -> None:
+    """The runtime's step of an interrupt (tickets/turns/interrupt.py,
+    registered by ``RuntimeConfig.ready``): an http agent is asked to stop
+    through its cancel URL, after the interrupt commits. The worker's
+    heartbeat sees the flag; a command's runner signals its process group."""
+    if turn.runner_kind == RunnerKind.HTTP:
+        runner, turn_id, seq = turn.endpoint.runner, turn.id, turn.seq
+        transaction.on_commit(lambda: runners.cancel_http_turn(runner, turn_id, seq))
 
 
 def supersede_turn(turn_id: uuid.UUID, seq: int, by: uuid.UUID) -> bool:

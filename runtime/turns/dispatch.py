@@ -23,9 +23,10 @@ from core.sqlfunctions import call_cursor
 from core.transient import TRANSIENT_DB_ERRORS
 from core.wakes import wake
 from endpoints.models import EndpointState
-from tickets.models import Ticket, TicketState
+from tickets.models import EndpointLock, Ticket, TicketState, Turn
+from tickets.turns import lock as lock_calls
 
-from ..models import EndpointLock, Turn, Worker
+from ..models import Worker
 from .sweeplock import sweep_lock
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,9 @@ def redispatch_if_free(lock: EndpointLock) -> None:
 def release_lock(*, endpoint_id: int, turn: Turn) -> None:
     """Release the lock held by ``turn`` (the caller holds the lock row) and,
     after commit, dispatch the endpoint's oldest queued ticket."""
-    # claimcheck_release_lock (runtime/sql/claimcheck_release_lock.sql),
-    # which the turn's finish calls too: the release is written in one place.
-    # It raises when the turn does not hold the lock (the caller checked: a bug).
-    with call_cursor() as cur:
-        cur.execute(
-            "SELECT claimcheck_release_lock(p_endpoint => %s, p_turn => %s)", [endpoint_id, turn.id]
-        )
-        waiting = cur.fetchone()[0]
+    # The ledger's release (tickets/turns/lock.py), which the turn's finish
+    # runs too: the release is written in one place.
+    waiting = lock_calls.release_lock(endpoint_id=endpoint_id, turn_id=turn.id)
     if waiting is not None:
         publish_next(waiting)
     else:
@@ -88,11 +84,9 @@ def dispatch_next(*, endpoint_id: int) -> None:
     Nothing marked: an admission committing now may have been invisible to
     this query, and the dispatcher it woke may have seen the lock still held,
     so wake the dispatcher again once the release commits."""
-    # claimcheck_next_ticket (runtime/sql/claimcheck_next_ticket.sql), the
-    # step claimcheck_release_lock ends with: written in one place.
-    with call_cursor() as cur:
-        cur.execute("SELECT claimcheck_next_ticket(p_endpoint => %s)", [endpoint_id])
-        waiting = cur.fetchone()[0]
+    # The ledger's next ticket (tickets/turns/lock.py), the step the release
+    # ends with: written in one place.
+    waiting = lock_calls.next_ticket(endpoint_id=endpoint_id)
     if waiting is not None:
         publish_next(waiting)
     else:

@@ -7,8 +7,8 @@ import logging
 from typing import Any
 
 from tickets import lifecycle
+from tickets.models import Turn
 
-from ..models import Turn
 from ..ports import case_keeper
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ from core.transient import (
     retry_transient,
 )
 from endpoints import runner_spec
-from tickets.models import WAIT_EVENT_KINDS, Ticket, TicketEvent, TicketState
+from tickets.models import WAIT_EVENT_KINDS, ContextEntry, Ticket, TicketEvent, TicketState, Turn
+from tickets.turns.start import Started, start_turn, started_by
 
 from .. import registry, runners, running
-from ..models import ContextEntry, Turn
 from ..runners import Outcome, TurnContext
 from .budgets import WORKER_ACTOR, BudgetWatch, interrupt_trace
 from .finish import Finished, finish_turn
@@ -31,7 +31,6 @@ from .heartbeats import Heartbeater
 from .held import held
 from .quarantine import quarantine_side_effect_in_doubt
 from .receipts import MAX_OPEN_CALLS, keys_in_doubt, open_side_effect_calls, record_turn_event
-from .start import Started, start_turn, started_by
 
 log = logging.getLogger(__name__)
 

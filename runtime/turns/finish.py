@@ -6,11 +6,9 @@ callback's resume and the callback records."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.conf import settings
@@ -22,29 +20,33 @@ from core import observe
 from core.canonical import canonical_json
 from core.dispatch import DELIVER, DISPATCH_CHANNEL, publish
 from core.errors import DomainError, StaleTurn
-from core.ids import new_id
-from core.sqlfunctions import call_cursor
 from core.wakes import wake
 from tickets import lifecycle, terminal
 from tickets.admission import admit_ticket
-from tickets.models import CallbackState, Ticket, TicketState
+from tickets.models import (
+    CallbackState,
+    ContextEntry,
+    EndpointLock,
+    Ticket,
+    TicketState,
+    Turn,
+    TurnState,
+)
 from tickets.rights import AskingTurn
-from tickets.waits import TICKET_CHANNEL
-
-from .. import runners
-from ..models import ContextEntry, EndpointLock, Turn, TurnState
-from ..ports import case_keeper
-from ..runners import Outcome
-from .dispatch import publish_next, redispatch_if_free
-from .start import (
+from tickets.turns import finish as finish_call
+from tickets.turns.finish import Written as _Written
+from tickets.turns.start import (
     Credentials,
     Started,
     report_started,
-    start_params,
     started_by,
-    started_columns,
-    started_from,
 )
+from tickets.waits import TICKET_CHANNEL
+
+from .. import runners
+from ..ports import case_keeper
+from ..runners import Outcome
+from .dispatch import publish_next, redispatch_if_free
 
 log = logging.getLogger(__name__)
 
@@ -99,20 +101,6 @@ class Finished:
     started: Started | None = None
 
 
-@dataclass(frozen=True)
-class _Written:
-    """What ``claimcheck_finish_turn`` reports."""
-
-    status: str  # finished | duplicate | stale | missing
-    ticket_state: str | None
-    turn_state: str | None
-    next_ticket: uuid.UUID | None
-    delivery: uuid.UUID | None
-    due: bool
-    reason: str
-    started: Started | None = None
-
-
 class _Refused(Exception):
     """The function refused a wait's outcome: undo the children admitted for it."""
 
@@ -121,43 +109,7 @@ class _Refused(Exception):
         self.written = written
 
 
-# claimcheck_finish_turn: runtime/sql/claimcheck_finish_turn.sql; the
-# columns of the next turn it started only when asked to start one.
-# Called with named arguments (a parameter added with a default shifts no
-# caller); the params dict below names each.
-_FINISH_CALL = (
-    " FROM claimcheck_finish_turn(p_ticket => %(ticket)s, p_endpoint => %(endpoint)s,"
-    " p_turn => %(turn)s, p_seq => %(seq)s, p_kind => %(kind)s, p_result => %(result)s::jsonb,"
-    " p_artifacts => %(artifacts)s::jsonb, p_error => %(error)s::jsonb,"
-    " p_evidence => %(evidence)s::jsonb, p_children => %(children)s::jsonb,"
-    " p_continuation => %(continuation)s::jsonb, p_stale_detail => %(stale_detail)s::jsonb,"
-    " p_digest => %(digest)s, p_source => %(source)s, p_ran_s => %(ran_s)s,"
-    " p_delivery => %(delivery)s, p_node => %(node)s, p_pid => %(pid)s,"
-    " p_next_turn => %(next_turn)s, p_task => %(task)s, p_worker => %(worker)s::jsonb,"
-    " p_next_token_sha256 => %(next_token_sha256)s, p_next_actor => %(next_actor)s) r"
-)
-# What the function reports, read by name (_Written's fields in order).
-_WRITTEN_COLUMNS = (
-    "o_status",
-    "o_state",
-    "o_turn_state",
-    "o_next",
-    "o_delivery",
-    "o_due",
-    "o_reason",
-)
-_WRITTEN = ", ".join(f"r.{c}" for c in _WRITTEN_COLUMNS)
-_FINISH_SQL = f"SELECT {_WRITTEN}{_FINISH_CALL}"
-_FINISH_START_SQL = (
-    f"SELECT {_WRITTEN}, {started_columns('o_next_endpoint', 'o_next_turn', 'o_next_ticket')}"
-    f"{_FINISH_CALL}"
-)
 _KINDS = ("success", "failure", "wait", "stopped")
-
-
-def _json(value: Any) -> str | None:
-    # The ORM writes a JSONField's None as SQL NULL; so does this.
-    return None if value is None else json.dumps(value)
 
 
 def finish_turn(
@@ -176,7 +128,7 @@ def finish_turn(
     """Accept a turn's outcome only from the exact turn (DESIGN.md flow 2).
 
     The transition is the database function ``claimcheck_finish_turn``
-    (runtime/sql/claimcheck_finish_turn.sql), one statement:
+    (tickets/sql/claimcheck_finish_turn.sql), one statement:
 
     1. Lock ticket, lock row, turn (in that order).
     2. Exact means: ticket.turn, lock.holder and the turn are the same, the
@@ -353,51 +305,27 @@ def _call(
     celery_task_id: str,
     children: list[str] | None = None,
 ) -> _Written:
-    node, pid = slot or ("", 0)
     wait = outcome.wait
     # A fresh turn id and token for each attempt: a retry after a lost reply
     # finds the turn an earlier one started (``_answer``, duplicate).
     nxt = Credentials.new(celery_task_id=celery_task_id, slot=slot) if start_next else None
-    # The next turn's (claimcheck_start_turn's after the ticket's, but for
-    # the slot: above), when this worker starts it.
-    start = start_params(nxt)[:5] if nxt is not None else [None] * 5
-    params = {
-        "ticket": turn.ticket_id,
-        "endpoint": turn.endpoint_id,
-        "turn": turn.id,
-        "seq": seq,
-        "kind": kind,
-        "result": _json(outcome.result),
-        "artifacts": json.dumps(outcome.artifacts or []),
-        "error": _json(error),
-        "evidence": _json(outcome.evidence) if kind == "stopped" else None,
-        "children": json.dumps(children or []),
-        "continuation": _json(wait.continuation if wait is not None else None),
-        "stale_detail": json.dumps(_evidence_detail(outcome)),
-        "digest": digest,
-        "source": source,
-        "ran_s": ran_s,
-        "delivery": new_id(),
-        "node": node,
-        "pid": pid,
-        **dict(
-            zip(
-                ("next_turn", "task", "worker", "next_token_sha256", "next_actor"),
-                start,
-                strict=True,
-            )
-        ),
-    }
-    began = time.monotonic()
-    with call_cursor() as cur:
-        cur.execute(_FINISH_START_SQL if nxt is not None else _FINISH_SQL, params)
-        row = cur.fetchone()
-        names = [column.name for column in cur.description]
-    n = len(_WRITTEN_COLUMNS)
-    assert tuple(names[:n]) == _WRITTEN_COLUMNS, names  # the SELECT list above
-    written = _Written(*row[:n])
-    if nxt is not None:
-        written = replace(written, started=started_from(row[n:], nxt, began=began))
+    written = finish_call.finish(
+        turn=turn,
+        seq=seq,
+        kind=kind,
+        result=outcome.result,
+        artifacts=outcome.artifacts,
+        error=error,
+        evidence=outcome.evidence,
+        children=children,
+        continuation=wait.continuation if wait is not None else None,
+        stale_detail=_evidence_detail(outcome),
+        digest=digest,
+        source=source,
+        ran_s=ran_s,
+        slot=slot,
+        next_turn=nxt,
+    )
     _wake(written, ticket_id=turn.ticket_id)
     return written
 

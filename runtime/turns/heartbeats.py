@@ -23,8 +23,8 @@ from core.transient import (
     describe,
     drop_broken_connection,
 )
+from tickets.models import TURN_ACTIVE_STATES, Turn, TurnState
 
-from ..models import TURN_ACTIVE_STATES, Turn, TurnState
 from .evidence import record_stale
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,8 @@ from django.utils import timezone
 from core.errors import StaleTurn
 from endpoints.models import Endpoint, EndpointState
 from tickets import lifecycle
-from tickets.models import Ticket, TicketState
+from tickets.models import EndpointLock, Ticket, TicketState, Turn, TurnState
 
-from ..models import EndpointLock, Turn, TurnState
 from ..ports import case_keeper
 from .dispatch import dispatch_next
 

@@ -17,9 +17,7 @@ from django.db import transaction
 
 from core.canonical import canonical_json
 from tickets import budgets, lifecycle
-from tickets.models import Ticket, TicketEvent
-
-from ..models import Turn
+from tickets.models import Ticket, TicketEvent, Turn
 
 log = logging.getLogger(__name__)
 

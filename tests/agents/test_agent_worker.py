@@ -10,10 +10,9 @@ import signal
 import pytest
 
 from recovery.models import RecoveryCase
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import Ticket, TicketEvent, Turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

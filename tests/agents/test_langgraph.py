@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from runtime import turns as runtime
-from runtime.models import EndpointLock
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import EndpointLock, Ticket, TicketEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -127,9 +126,9 @@ def test_the_graph_on_a_worker(celery_procs, make_endpoint, api):
     cancels the graph awaiting a slow tool, memory across tickets,
     delegation that ends the turn while another ticket runs, and one
     exchange of three rounds (two delegations, an owner's approval)."""
-    from runtime.models import Turn
     from tests.agents.test_agent_worker import TERMINAL, state_of
     from tests.conftest import wait_for
+    from tickets.models import Turn
 
     def settled(ticket: Ticket, timeout: float = 60) -> Ticket:
         wait_for(lambda: state_of(ticket.id) in TERMINAL, timeout=timeout, message="a ticket")

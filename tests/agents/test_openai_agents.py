@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 
 from runtime import turns as runtime
-from runtime.models import EndpointLock
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import EndpointLock, Ticket, TicketEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,9 +8,8 @@ import pytest
 from django.db import connection
 
 from runtime import turns as runtime
-from runtime.models import ContextEntry, EndpointLock, Turn
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import ContextEntry, EndpointLock, Ticket, TicketEvent, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,10 +18,10 @@ import pytest
 from recovery.audit import audit_ledger
 from recovery.models import RecoveryCase
 from recovery.services import decide, inspect_case
-from runtime.models import Turn, WorkerSlot
+from runtime.models import WorkerSlot
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import Ticket, TicketEvent, Turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -16,7 +16,7 @@ from tests.db_roles import owner_session
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = [ROOT / "tickets" / "sql", ROOT / "runtime" / "sql"]
+FOLDERS = [ROOT / "tickets" / "sql"]
 
 
 def _installed(name: str) -> list[tuple[str, str | None]]:

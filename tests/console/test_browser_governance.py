@@ -13,8 +13,8 @@ from playwright.sync_api import expect
 from console.owners import create_owner
 from endpoints.models import ChangeProposal, Endpoint
 from runtime import turns as runtime
-from runtime.models import Turn
 from tickets.admission import admit_ticket
+from tickets.models import Turn
 
 from .helpers import quarantined_case
 from .test_browser import PASSWORD, browser, log_in, page, shot  # noqa: F401

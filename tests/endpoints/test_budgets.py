@@ -16,10 +16,9 @@ from django.utils import timezone
 from endpoints.models import Endpoint
 from recovery.models import CaseEvidence, RecoveryCase
 from runtime import turns as runtime
-from runtime.models import EndpointLock, Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import EndpointLock, Ticket, TicketEvent, Turn
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

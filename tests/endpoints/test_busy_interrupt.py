@@ -13,11 +13,10 @@ from endpoints.models import Endpoint
 from recovery.models import RecoveryCase
 from runtime import services as runtime_services
 from runtime import turns as runtime
-from runtime.models import EndpointLock, Turn
 from tests.conftest import wait_for
 from tests.racing import race
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import EndpointLock, Ticket, TicketEvent, Turn
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

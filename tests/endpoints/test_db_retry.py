@@ -19,11 +19,10 @@ from core.errors import StaleTurn
 from core.transient import is_transient, retry_transient
 from runtime import runners
 from runtime import turns as runtime
-from runtime.models import ContextEntry, EndpointLock, Turn
 from runtime.runners import Outcome
 from runtime.turns import execute, heartbeats
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import ContextEntry, EndpointLock, Ticket, TicketEvent, Turn
 
 from ..conftest import purge_broker, queued_tasks, wait_for
 from .chains import started_in_a_finish

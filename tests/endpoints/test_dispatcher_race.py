@@ -26,11 +26,10 @@ from django.db import close_old_connections, connections
 
 from runtime import turns as runtime
 from runtime.dispatcher import Dispatcher
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tests.endpoints.chains import started_in_a_finish
 from tickets.admission import admit_ticket
-from tickets.models import TERMINAL_STATES, Ticket, TicketEvent
+from tickets.models import TERMINAL_STATES, Ticket, TicketEvent, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -371,9 +371,9 @@ def test_run_time_figures_count_only_turns_with_a_known_end(db, owners, api):
     the generations table, "Did it help?" and the API leave it out of
     p50/p95 (it is counted apart, as quarantined)."""
     from recovery import services as recovery
-    from runtime.models import Turn
     from tests.conftest import wait_for
     from tests.recovery.conftest import drive_to_quarantine
+    from tickets.models import Turn
 
     olive, _ = owners
     endpoint = _endpoint(interrupt_grace_s=0.5)

@@ -12,9 +12,9 @@ import pytest
 from django.db import connection
 
 from runtime import turns as runtime
-from runtime.models import Turn
 from runtime.turns import heartbeats
 from tickets.admission import admit_ticket
+from tickets.models import Turn
 
 from ..conftest import wait_for
 

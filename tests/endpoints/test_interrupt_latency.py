@@ -12,9 +12,9 @@ from django.db import connection
 
 from runtime import runners
 from runtime import turns as runtime
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
+from tickets.models import Turn
 
 
 def test_the_heartbeat_comes_at_least_twice_per_interrupt_grace():

@@ -15,10 +15,9 @@ from core.errors import Invalid
 from endpoints.models import Endpoint
 from endpoints.services import validate_runner
 from recovery.models import RecoveryCase
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import Ticket, Turn
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

@@ -19,13 +19,12 @@ from endpoints.models import Endpoint, EndpointEvent
 from recovery import services as recovery_services
 from runtime import services as runtime_services
 from runtime import turns as runtime
-from runtime.models import EndpointLock, Turn
 from runtime.runners import Outcome
 from tests.conftest import wait_for
 from tests.racing import race
 from tests.recovery.conftest import drive_to_quarantine
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import EndpointLock, Ticket, TicketEvent, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,10 +22,9 @@ import pytest
 from endpoints.models import Endpoint
 from runtime import isolation
 from runtime import turns as runtime
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import Ticket, Turn
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 

@@ -10,9 +10,8 @@ import pytest
 from django.core.files.storage import default_storage
 
 from runtime import turns as runtime
-from runtime.models import ContextEntry, EndpointLock, Turn
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import ContextEntry, EndpointLock, Ticket, Turn
 
 pytestmark = pytest.mark.django_db
 

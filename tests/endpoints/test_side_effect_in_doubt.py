@@ -15,9 +15,8 @@ from endpoints.services import create_endpoint
 from recovery.models import RecoveryCase
 from recovery.services import decide, inspect_case
 from runtime import turns as runtime
-from runtime.models import Turn
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import Ticket, Turn
 from tickets.retry import retry_ticket
 
 pytestmark = pytest.mark.django_db(transaction=True)

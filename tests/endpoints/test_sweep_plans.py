@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from runtime.models import TURN_ACTIVE_STATES, Turn
-from tickets.models import Ticket, TicketState
+from tickets.models import TURN_ACTIVE_STATES, Ticket, TicketState, Turn
 
 pytestmark = pytest.mark.django_db
 

@@ -10,13 +10,12 @@ import pytest
 
 from core.dispatch import RUN_TICKET
 from runtime import turns as runtime
-from runtime.models import Turn
 from runtime.runners import Outcome
-from runtime.turns.start import turn_token_sha256
 from tests.conftest import purge_broker, queued_tasks
 from tests.endpoints.chains import started_in_a_finish
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import Ticket, Turn
+from tickets.turns.start import turn_token_sha256
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,5 +1,5 @@
 """A turn's start and finish, each one database function
-(``claimcheck_start_turn``, ``claimcheck_finish_turn``: runtime/sql/),
+(``claimcheck_start_turn``, ``claimcheck_finish_turn``: tickets/sql/),
 against real PostgreSQL: one statement each, the
 rows a turn leaves, and the guards under races (threads, real row locks):
 two finishes of one turn, a stale ``seq``, a start racing a quarantine; and
@@ -15,12 +15,11 @@ from django.test.utils import CaptureQueriesContext
 
 from endpoints.models import Endpoint
 from runtime import turns as runtime
-from runtime.models import ContextEntry, EndpointLock, Turn
 from runtime.runners import Outcome
 from tests.conftest import wait_for
 from tests.racing import race
 from tickets.admission import admit_ticket
-from tickets.models import Delivery, Ticket, TicketEvent
+from tickets.models import ContextEntry, Delivery, EndpointLock, Ticket, TicketEvent, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

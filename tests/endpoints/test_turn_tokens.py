@@ -13,10 +13,9 @@ import pytest
 
 from endpoints.services import create_endpoint
 from runtime import turns as runtime
-from runtime.models import Turn
 from tests.recovery.conftest import dump_ledger
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import Ticket, Turn
 
 pytestmark = pytest.mark.django_db
 

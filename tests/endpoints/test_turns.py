@@ -17,10 +17,9 @@ from config.celery import app as celery_app
 from core.dispatch import RUN_TICKET
 from endpoints.models import Endpoint
 from endpoints.runner_spec import COMMAND_BASE_ENV
-from runtime.models import EndpointLock, Turn
 from tests.conftest import TEST_RUNNER_SECRET, broker_queue_length, purge_broker, wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import EndpointLock, Ticket, TicketEvent, Turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

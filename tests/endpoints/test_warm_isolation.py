@@ -18,10 +18,9 @@ from core import logs
 from endpoints.services import create_endpoint
 from runtime import isolation
 from runtime import turns as runtime
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import Ticket, Turn
 
 pytestmark = pytest.mark.django_db
 

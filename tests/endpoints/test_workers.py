@@ -9,9 +9,9 @@ import signal
 import pytest
 
 from recovery.models import RecoveryCase
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
+from tickets.models import Turn
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

@@ -12,10 +12,9 @@ from django.apps import apps
 from endpoints.models import Endpoint
 from recovery.models import RecoveryCase
 from runtime import turns as runtime
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import Ticket, Turn
 
 
 @dataclass

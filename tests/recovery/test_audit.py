@@ -23,11 +23,10 @@ from django.utils import timezone
 from health.models import SweepRun
 from recovery.audit import audit_ledger
 from runtime import turns as runtime
-from runtime.models import Turn
 from runtime.runners import Outcome
 from tests.db_roles import owner_session
 from tickets.admission import admit_ticket
-from tickets.models import Ticket
+from tickets.models import Ticket, Turn
 
 
 def run_audit(*args: str) -> tuple[int, str]:

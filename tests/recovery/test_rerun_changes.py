@@ -9,9 +9,8 @@ from console.owners import create_owner
 from core.errors import Invalid
 from recovery import services
 from runtime import turns as runtime
-from runtime.models import Turn
 from tests.console.helpers import quarantined_case
-from tickets.models import Ticket, TicketEvent
+from tickets.models import Ticket, TicketEvent, Turn
 
 pytestmark = pytest.mark.django_db
 

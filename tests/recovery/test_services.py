@@ -20,10 +20,9 @@ from core.errors import (
 from recovery import services
 from recovery.models import CaseEvidence, Decision, Inspection, Lesson
 from runtime import turns as runtime
-from runtime.models import ContextEntry, EndpointLock
 from runtime.runners import Outcome
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent, Trace
+from tickets.models import ContextEntry, EndpointLock, Ticket, TicketEvent, Trace
 
 from .conftest import drive_to_quarantine, dump_ledger
 

@@ -350,8 +350,8 @@ def test_a_duplicate_comes_back_whole_from_the_one_statement(
     """The fast path's duplicate branch returns the existing ticket as the ORM
     would load it, with its turn and return_to as far as the payload reads
     them: the answer needs no further query."""
-    from runtime.turns.start import start_turn
     from tickets import selectors
+    from tickets.turns.start import start_turn
 
     make_endpoint("alpha")
     make_endpoint("beta")

@@ -15,11 +15,10 @@ import pytest
 from django.db import connections, transaction
 
 from runtime import turns as runtime
-from runtime.models import Turn
 from tests.waiting import wait_for
 from tickets import budgets
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent, Trace
+from tickets.models import Ticket, TicketEvent, Trace, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

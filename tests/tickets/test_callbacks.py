@@ -11,10 +11,9 @@ from django.db import connections
 from django.test import override_settings
 
 from runtime import services as runtime_services
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets import callbacks, tasks
-from tickets.models import Callback, Ticket, TicketEvent, Trace
+from tickets.models import Callback, Ticket, TicketEvent, Trace, Turn
 
 pytestmark = pytest.mark.django_db
 

@@ -13,11 +13,10 @@ from accounts.keys import create_api_key
 from core.errors import EndpointQuarantined, Invalid, InvalidTransition, NotFound
 from runtime import services as runtime_services
 from runtime import turns as runtime
-from runtime.models import Turn
 from tests.conftest import wait_for
 from tickets import selectors
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import Ticket, TicketEvent, Turn
 from tickets.retry import retry_ticket
 
 pytestmark = pytest.mark.django_db

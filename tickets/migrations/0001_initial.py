@@ -1,5 +1,17 @@
-"""The ledger's tables, and what the database holds of its rules besides:
+"""The ledger's tables, and what the database holds of its rules besides.
 
+The turns, the endpoint's lock and its history keep the table names they
+had when the runtime's migration created them (``runtime_turn``,
+``runtime_endpointlock``, ``runtime_contextentry``): a database migrated
+before the ledger took them over has them from runtime's 0001 and 0002 as
+they were then, a fresh one from here; both are the same schema
+(tests/config/test_schema_upgrade.py), and 0007 moves their content types.
+
+- every endpoint has its lock row from its creation on: turns lock it,
+  never create it. The directory (endpoints.services) does not know the
+  lock, so the ledger's trigger on the endpoint table inserts it, as a
+  receiver of the directory's inserts (the directory's migrations and
+  code never name the lock);
 - the append-only triggers of events and delivery attempts
   (core/append_only.py);
 - ``claimcheck_prune_ledger`` (tickets/retention.py): retention's one
@@ -28,7 +40,8 @@
   partial: children have no delivery, and "delivered" (most finished roots)
   is common enough that walking the primary key finds a page of it at once.
 
-The transition functions (admission, a delivery's opening) are in
+The transition functions (admission, a turn's start and finish, the lock's
+release, the next ticket, a delivery's opening) are in
 tickets/sql/, installed after every migrate (core/sqlfunctions.py)."""
 
 import core.ids
@@ -39,6 +52,22 @@ from django.db import migrations, models
 
 from core.append_only import AppendOnly
 from tickets.retention import DROP_SQL, function_sql
+
+LOCK_ROW_SQL = """
+CREATE FUNCTION claimcheck_endpoint_lock_row() RETURNS trigger AS $$
+BEGIN
+    INSERT INTO runtime_endpointlock (endpoint_id) VALUES (NEW.id);
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql;
+CREATE TRIGGER endpoint_lock_row AFTER INSERT ON endpoints_endpoint
+    FOR EACH ROW EXECUTE FUNCTION claimcheck_endpoint_lock_row();
+"""
+
+DROP_LOCK_ROW_SQL = """
+DROP TRIGGER endpoint_lock_row ON endpoints_endpoint;
+DROP FUNCTION claimcheck_endpoint_lock_row();
+"""
 
 
 EVENT_INDEXES = ("tickets_ticketevent_pkey", "tickets_ticketevent_ticket_id_b572d14b")
@@ -109,11 +138,46 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('endpoints', '0001_initial'),
-        ('runtime', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
+        migrations.CreateModel(
+            name='EndpointLock',
+            fields=[
+                ('endpoint', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='lock', serialize=False, to='endpoints.endpoint')),
+                ('token', models.BigIntegerField(blank=True, null=True)),
+                ('acquired_at', models.DateTimeField(blank=True, null=True)),
+            ],
+            options={
+                'db_table': 'runtime_endpointlock',
+            },
+        ),
+        migrations.CreateModel(
+            name='Turn',
+            fields=[
+                ('id', models.UUIDField(default=core.ids.new_id, editable=False, primary_key=True, serialize=False)),
+                ('seq', models.BigIntegerField()),
+                ('state', models.CharField(choices=[('running', 'Running'), ('completed', 'Completed'), ('failed', 'Failed'), ('interrupting', 'Interrupting'), ('stopped', 'Stopped'), ('uncertain', 'Uncertain'), ('unresolved', 'Unresolved')], default='running', max_length=16)),
+                ('runner_kind', models.CharField(choices=[('python', 'Python'), ('command', 'Command'), ('http', 'Http'), ('agent', 'Agent')], max_length=16)),
+                ('celery_task_id', models.CharField(blank=True, default='', max_length=255)),
+                ('worker', models.JSONField(blank=True, default=dict)),
+                ('started_at', models.DateTimeField()),
+                ('heartbeat_at', models.DateTimeField()),
+                ('deadline_at', models.DateTimeField()),
+                ('interrupt_requested_at', models.DateTimeField(blank=True, null=True)),
+                ('interrupt_reason', models.CharField(blank=True, default='', max_length=32)),
+                ('ended_at', models.DateTimeField(blank=True, null=True)),
+                ('stop_evidence', models.JSONField(blank=True, null=True)),
+                ('token_sha256', models.CharField(blank=True, db_default='', default='', max_length=64)),
+                ('generation', models.PositiveIntegerField(db_default=1, default=1)),
+            ],
+            options={
+                'db_table': 'runtime_turn',
+                'ordering': ['endpoint_id', 'seq'],
+            },
+        ),
+        migrations.RunSQL(LOCK_ROW_SQL, DROP_LOCK_ROW_SQL),
         migrations.CreateModel(
             name='Trace',
             fields=[
@@ -155,14 +219,14 @@ class Migration(migrations.Migration):
                 ('version', models.PositiveIntegerField(default=1)),
                 ('approved_by', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
                 ('callback_for', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='callback_ticket', to='tickets.ticket')),
-                ('completed_by_turn', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='runtime.turn')),
+                ('completed_by_turn', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tickets.turn')),
                 ('endpoint', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='tickets', to='endpoints.endpoint')),
                 ('parent', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='children', to='tickets.ticket')),
                 ('rerun_of', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='reruns', to='tickets.ticket')),
                 ('retry_of', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='retries', to='tickets.ticket')),
                 ('return_to', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='endpoints.endpoint')),
                 ('submitted_by', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('turn', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='runtime.turn')),
+                ('turn', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tickets.turn')),
             ],
         ),
         migrations.CreateModel(
@@ -203,7 +267,7 @@ class Migration(migrations.Migration):
                 ('detail', models.JSONField(blank=True, default=dict)),
                 ('at', models.DateTimeField()),
                 ('ticket', models.ForeignKey(on_delete=django.db.models.deletion.DO_NOTHING, related_name='events', to='tickets.ticket')),
-                ('turn', models.ForeignKey(blank=True, db_constraint=False, db_index=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='runtime.turn')),
+                ('turn', models.ForeignKey(blank=True, db_constraint=False, db_index=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='tickets.turn')),
             ],
             options={
                 'ordering': ['id'],
@@ -320,6 +384,68 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='delivery',
             constraint=models.CheckConstraint(condition=models.Q(('mode__in', ['webhook', 'pull'])), name='delivery_mode_valid'),
+        ),
+        migrations.CreateModel(
+            name='ContextEntry',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('seq', models.BigIntegerField()),
+                ('input', models.JSONField(null=True)),
+                ('result', models.JSONField(null=True)),
+                ('artifacts', models.JSONField(default=list)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('endpoint', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='history', to='endpoints.endpoint')),
+            ],
+            options={
+                'db_table': 'runtime_contextentry',
+                'verbose_name_plural': 'context entries',
+                'ordering': ['endpoint_id', 'seq'],
+            },
+        ),
+        migrations.AddField(
+            model_name='contextentry',
+            name='ticket',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tickets.ticket'),
+        ),
+        migrations.AddField(
+            model_name='turn',
+            name='endpoint',
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='turns', to='endpoints.endpoint'),
+        ),
+        migrations.AddField(
+            model_name='turn',
+            name='ticket',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='turns', to='tickets.ticket'),
+        ),
+        migrations.AddField(
+            model_name='endpointlock',
+            name='holder',
+            field=models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='tickets.turn'),
+        ),
+        migrations.AddField(
+            model_name='contextentry',
+            name='turn',
+            field=models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='context_entry', to='tickets.turn'),
+        ),
+        migrations.AddIndex(
+            model_name='turn',
+            index=models.Index(condition=models.Q(('state__in', ['running', 'interrupting'])), fields=['deadline_at'], name='turn_active_deadline_idx'),
+        ),
+        migrations.AddConstraint(
+            model_name='turn',
+            constraint=models.UniqueConstraint(fields=('endpoint', 'seq'), name='turn_seq_unique'),
+        ),
+        migrations.AddConstraint(
+            model_name='turn',
+            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['running', 'completed', 'failed', 'interrupting', 'stopped', 'uncertain', 'unresolved'])), name='turn_state_valid'),
+        ),
+        migrations.AddConstraint(
+            model_name='endpointlock',
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('holder__isnull', True), ('token__isnull', True)), models.Q(('holder__isnull', False), ('token__isnull', False)), _connector='OR'), name='lock_holder_token_together'),
+        ),
+        migrations.AddIndex(
+            model_name='contextentry',
+            index=models.Index(fields=['endpoint', '-seq'], name='context_recent_idx'),
         ),
         # Events and delivery attempts are written once: UPDATE, DELETE and
         # TRUNCATE refused (core/append_only.py).

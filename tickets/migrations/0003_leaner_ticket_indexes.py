@@ -98,7 +98,7 @@ STATE = [
             null=True,
             on_delete=django.db.models.deletion.PROTECT,
             related_name="+",
-            to="runtime.turn",
+            to="tickets.turn",
         ),
     ),
     migrations.AddIndex(
@@ -132,7 +132,6 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("runtime", "0001_initial"),
         ("tickets", "0002_drop_ticket_version"),
     ]
 

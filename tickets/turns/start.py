@@ -22,10 +22,8 @@ from core.ids import new_id
 from core.sqlfunctions import call_cursor
 from core.wakes import wake
 from endpoints.models import Endpoint
-from tickets.models import Ticket, TicketState
+from tickets.models import Ticket, TicketState, Turn, TurnState
 from tickets.waits import TICKET_CHANNEL
-
-from ..models import Turn, TurnState
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +109,7 @@ def started_columns(endpoint: str, turn: str, ticket: str) -> str:
     return f"{_select(Endpoint, endpoint)}, {_select(Turn, turn)}, {_select(Ticket, ticket)}"
 
 
-# claimcheck_start_turn: runtime/sql/claimcheck_start_turn.sql.
+# claimcheck_start_turn: tickets/sql/claimcheck_start_turn.sql.
 _START_SQL = (
     f"SELECT {started_columns('o_endpoint', 'o_turn', 'o_ticket')} "
     "FROM claimcheck_start_turn(p_ticket => %s, p_turn => %s, p_task => %s,"
