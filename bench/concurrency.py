@@ -284,9 +284,20 @@ def _proc_work(system: str, index: int, seconds: float, ready, go, out) -> None:
         out.put((index, 0, 0.0, f"{type(exc).__name__}: {exc}"))
 
 
-def processes_point(system: str, n: int, seconds: float) -> float:
+def wal_stats() -> dict[str, float]:
+    """The cluster's WAL writes and flushes (``pg_stat_wal``): shared with
+    every other session of the server, so read them as an upper bound."""
+    import psycopg
+
+    with psycopg.connect(f"{benchlib.PG_SERVER}/postgres", autocommit=True) as conn:
+        row = conn.execute("SELECT wal_write, wal_sync, wal_bytes FROM pg_stat_wal").fetchone()
+    return {"writes": row[0], "syncs": row[1], "bytes": float(row[2])}
+
+
+def processes_point(system: str, n: int, seconds: float) -> dict:
     """``system`` from ``n`` forked processes for ``seconds``: operations a
-    second, all processes together."""
+    second, all processes together, and the cluster's WAL flushes per
+    operation over the window (group commit: fewer with more processes)."""
     from django.db import connections
 
     connections.close_all()  # a forked child must not share the parent's session
@@ -301,6 +312,7 @@ def processes_point(system: str, n: int, seconds: float) -> float:
     try:
         for _ in range(n):
             ready.get(timeout=180)
+        wal0 = wal_stats()
         go.set()
         got = [out.get(timeout=seconds + 120) for _ in range(n)]
     finally:
@@ -311,8 +323,15 @@ def processes_point(system: str, n: int, seconds: float) -> float:
     errors = [e for *_, e in got if e]
     if errors:
         raise SystemExit(f"{system} x{n}: {errors[0]}")
+    time.sleep(0.5)  # the exited backends' statistics reach pg_stat_wal
+    wal1 = wal_stats()
+    ops = max(1, sum(count for _, count, _, _ in got))
     # Each process's own rate, summed: they ran over the same window.
-    return sum(count / elapsed for _, count, elapsed, _ in got)
+    return {
+        "per_s": sum(count / elapsed for _, count, elapsed, _ in got),
+        "wal_syncs_per_op": round((wal1["syncs"] - wal0["syncs"]) / ops, 3),
+        "wal_bytes_per_op": round((wal1["bytes"] - wal0["bytes"]) / ops),
+    }
 
 
 SYSTEMS_PROCESSES = ("claimcheck", "procrastinate", "insert")
@@ -320,14 +339,18 @@ SYSTEMS_PROCESSES = ("claimcheck", "procrastinate", "insert")
 
 def run_processes(counts: list[int], seconds: float, reps: int) -> dict:
     runs = {s: {n: [] for n in counts} for s in SYSTEMS_PROCESSES}
+    syncs = {s: {n: [] for n in counts} for s in SYSTEMS_PROCESSES}
     load0 = _load()
     for rep in range(reps):
         for n in counts:
             for system in SYSTEMS_PROCESSES:
-                per_s = processes_point(system, n, seconds)
-                runs[system][n].append(per_s)
-                print(f"  rep {rep + 1} x{n:<3} {system:<14} {per_s:10.0f} /s  "
-                      f"(load {_load()})", flush=True)  # fmt: skip
+                got = processes_point(system, n, seconds)
+                runs[system][n].append(got["per_s"])
+                syncs[system][n].append(got["wal_syncs_per_op"])
+                print(f"  rep {rep + 1} x{n:<3} {system:<14} {got['per_s']:10.0f} /s  "
+                      f"WAL flushes/op {got['wal_syncs_per_op']:.2f}  "
+                      f"WAL bytes/op {got['wal_bytes_per_op']}  (load {_load()})",
+                      flush=True)  # fmt: skip
     med = {s: {n: benchlib.median(v) for n, v in by.items()} for s, by in runs.items()}
     ratio = {
         str(n): {
@@ -340,7 +363,9 @@ def run_processes(counts: list[int], seconds: float, reps: int) -> dict:
             "per_s": {s: {str(n): round(v) for n, v in by.items()} for s, by in med.items()},
             "runs": {s: {str(n): [round(x) for x in v] for n, v in by.items()}
                      for s, by in runs.items()},
-            "ratio": ratio, "load": [load0, _load()]}  # fmt: skip
+            "ratio": ratio, "load": [load0, _load()],
+            "wal_syncs_per_op": {s: {str(n): benchlib.median(v) for n, v in by.items()}
+                                 for s, by in syncs.items()}}  # fmt: skip
 
 
 # --- through the stack: HTTP --------------------------------------------------------------------

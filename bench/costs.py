@@ -454,6 +454,7 @@ def worker_phase(
         )
         before = db_stats(mon, benchlib.DB_NAME)
         lsn0 = mon.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        syncs0 = mon.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0]
         sampler.start()
         wall0 = time.perf_counter()
         with Meter() as meter:
@@ -465,6 +466,8 @@ def worker_phase(
         mon.execute("SELECT pg_stat_clear_snapshot()")
         lsn1 = mon.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
         after = db_stats(mon, benchlib.DB_NAME)
+        # The cluster's WAL flushes (every session of the server's: an upper bound).
+        syncs = mon.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0] - syncs0
         notes = list(listener.notifies(timeout=1.0))
         names = sampler.names
         states = dict(
@@ -500,6 +503,7 @@ def worker_phase(
         "buffers": (delta["blks_hit"] + delta["blks_read"]) / n,
         "rows_written": (delta["inserted"] + delta["updated"] + delta["deleted"]) / n,
         "db_cpu_ms": db_cpu * 1e3 / n,
+        "wal_flushes_cluster": syncs / n,
         "tickets_per_s": n / wall,
     }
     out = {k: round(v, 3) for k, v in per.items()}
