@@ -144,7 +144,7 @@ SCRIPTS = {
     "scale": ["bench/scale.py", "--small", "10000", "--large", "100000", "-r", "5",
                "--large-results", "500"],
     "prune": ["bench/prune.py", "--tickets", "100000", "--quiet-s", "15"],
-    "costs": ["bench/costs.py", "-n", "200"],
+    "costs": ["bench/costs.py", "-n", "200", "--workers", "2"],
     "concurrency": ["bench/concurrency.py", "-T", "5", "--reps", "1", "--clients", "1,8,32,64",
                     "--quick"],
 }  # fmt: skip

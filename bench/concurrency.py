@@ -40,7 +40,8 @@ Then through the stack, each against its floor or peer in the same run
   bench/peers.py): the turn pipeline (bench/turns.py's round), raw Celery
   no-op tasks and Procrastinate jobs, the workers restarted for each count.
 
-``--quick`` is the reduced size ``make bench-all`` runs. The load average
+``--quick`` is the reduced size ``make bench-all`` runs (end to end with 2
+worker processes only, unless ``--workers`` says otherwise). The load average
 is recorded with every part. ``make bench-concurrency``; the last line of
 the output is the JSON summary ``bench/bench_all.py`` reads.
 """
@@ -237,7 +238,13 @@ def _proc_work(system: str, index: int, seconds: float, ready, go, out) -> None:
                 admit_ticket(endpoint=ADDRESS, input={"x": i}, dedupe_key=f"{tag}-{i}")
 
         elif system == "procrastinate":
+            import logging
+
             import procrastinate
+
+            # Django's logging config sends INFO to stderr: Procrastinate would
+            # log every defer, a cost admission does not pay (as peers.py).
+            logging.getLogger("procrastinate").setLevel(logging.WARNING)
 
             app = procrastinate.App(
                 connector=procrastinate.SyncPsycopgConnector(
@@ -587,7 +594,11 @@ def main() -> None:
     parser.add_argument("--e2e-reps", type=int, default=3)
     args = parser.parse_args()
     if args.quick:
-        args.proc_s, args.http_s, args.e, args.e2e_reps = 4.0, 4.0, 200, 2
+        # bench_all's whole run stays near 20 minutes: short points, and end
+        # to end only at the worker count its targets name.
+        args.proc_s, args.http_s, args.e, args.e2e_reps = 3.0, 3.0, 200, 2
+        if args.workers == parser.get_default("workers"):
+            args.workers = "2"
     parts = [p for p in args.parts.split(",") if p]
     if set(parts) - set(PARTS):
         parser.error(f"unknown parts {sorted(set(parts) - set(PARTS))}; known: {PARTS}")
@@ -627,6 +638,7 @@ def main() -> None:
         if not args.keep:
             benchlib.drop_database_named(benchlib.DB_NAME)
             benchlib.drop_database_named(PC_DB + benchlib.SUFFIX)
+            benchlib.drop_database_named(DBOS_DB + benchlib.SUFFIX)
     med = {n: {c: benchlib.median(v) for c, v in by.items()} for n, by in runs.items()}
     print(f"\nmedian tx/s of {args.reps} ({args.T} s a point); load {load0:.1f} -> "
           f"{os.getloadavg()[0]:.1f}")  # fmt: skip
