@@ -109,7 +109,8 @@ class Admitter(threading.Thread):
 
 
 def lsn(db) -> int:
-    return db.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]
+    # pg_lsn - pg_lsn is numeric (a Decimal here), which json cannot write.
+    return int(db.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])
 
 
 def partition_probe(db) -> dict:
