@@ -146,7 +146,7 @@ bench-compare: install ## flag ratios that fell beyond bench/noise.json: make be
 bench-costs: bench-install services ## statements, commits, WAL bytes, buffers and CPU per admission, turn, callback, delivery
 	$(PY) bench/costs.py
 
-bench-concurrency: bench-install services ## admissions at the database (pgbench) at 1-64 clients against a one-row insert and Procrastinate
+bench-concurrency: bench-install services ## 1 to 64 clients: pgbench against an insert, Procrastinate and DBOS; admit_ticket from 1-32 processes, HTTP at 8-64 connections, end to end with 1-4 workers
 	$(PY) bench/concurrency.py
 
 bench-prune: bench-install services ## prune_ledger removing 1M finished tickets while admissions run

@@ -110,6 +110,17 @@ RATIOS = [
           "no negative scaling"),
     Ratio("concurrency.admit_c32_vs_insert", "concurrency",
           lambda s: s["ratio"]["32"]["admit_vs_insert"], ">=", 0.25),
+    Ratio("concurrency.http_c32_vs_floor", "concurrency",
+          lambda s: s["http"]["c32"]["ratio_to_floor"], ">=", 0.8,
+          "POST /api/v1/tickets against the ninja one-row floor, 32 connections"),
+    Ratio("concurrency.http_c32_errors", "concurrency",
+          lambda s: s["http"]["c32"]["tickets"]["errors"], "==", 0),
+    Ratio("concurrency.e2e_c2_vs_procrastinate_worst_rep", "concurrency",
+          lambda s: s["e2e"]["c2"]["worst_rep"]["claimcheck_vs_procrastinate"], ">=", 1.5,
+          "2 worker processes, every repetition"),
+    Ratio("concurrency.e2e_c2_vs_celery_worst_rep", "concurrency",
+          lambda s: s["e2e"]["c2"]["worst_rep"]["claimcheck_vs_celery"], ">=", 0.6,
+          "2 worker processes, every repetition"),
     Ratio("costs.notifications_in_write_transactions", "costs",
           lambda s: max(v.get("notifications_in_write_transactions", 1)
                         for v in s["per_operation"].values()), "==", 0,
@@ -133,8 +144,9 @@ SCRIPTS = {
     "scale": ["bench/scale.py", "--small", "10000", "--large", "100000", "-r", "5",
                "--large-results", "500"],
     "prune": ["bench/prune.py", "--tickets", "100000", "--quiet-s", "15"],
-    "costs": ["bench/costs.py", "-n", "200"],
-    "concurrency": ["bench/concurrency.py", "-T", "5", "--reps", "1", "--clients", "1,8,32,64"],
+    "costs": ["bench/costs.py", "-n", "200", "--workers", "2"],
+    "concurrency": ["bench/concurrency.py", "-T", "5", "--reps", "1", "--clients", "1,8,32,64",
+                    "--quick"],
 }  # fmt: skip
 
 

@@ -34,6 +34,17 @@ Per operation, from the database's side (load-independent counts):
   WAL writer, checkpointer and autovacuum not included) and the calling
   thread's own CPU time (`time.thread_time`) for the worker's side.
 
+Then **a pull ticket with worker processes** (``--workers 2,4``): N tickets
+admitted by `admit_ticket` in this process over 20 endpoints (one turn at a
+time each), run by a real worker (`celery -A config worker -c C`, started
+through bench/counted_celery.py so its processes count their statements),
+counted over the whole window, admission to the last finish: statements
+(this process's and the worker's), transactions and write commits, WAL
+bytes, notifications (those from a session other than a waker's are the
+ones sent inside a write transaction), rows, buffers, and the CPU of every
+backend of the database (sampled from `/proc` every 0.1 s; WAL writer and
+checkpointer apart). The worker's idle sweeps in the window count too.
+
 `pg_stat_statements` is not used: it needs `shared_preload_libraries` and a
 restart of the shared server. Autovacuum is switched off on this database's
 tables while measuring (its reads would count as ours). Broker publishes are
@@ -46,8 +57,10 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -65,6 +78,9 @@ ROOTS = "bench.costs-roots"
 WALDUMP = "/usr/lib/postgresql/15/bin/pg_waldump"
 RELATIONS_SHOWN = 40
 OPERATIONS = ["admission", "turn", "turn_with_callback", "turn_with_webhook", "delivery"]
+# The endpoints of the worker phase (one turn at a time each).
+WORKER_ENDPOINTS = 20
+WAKER = "claimcheck waker"  # core/wakes.py's application_name
 RECORD = re.compile(r"len \(rec/tot\):\s*(\d+)/\s*(\d+), tx:\s*(\d+),.*?desc: (\S+)(.*)$")
 # A record's first block reference: the relation (its filenode) it writes.
 BLOCK_REF = re.compile(r"rel \d+/(\d+)/(\d+)")
@@ -201,6 +217,8 @@ class Meter:
         plain, many = psycopg.Cursor.execute, psycopg.Cursor.executemany
 
         def execute(cur, query, *a, **kw):
+            if threading.current_thread().name == "bench-sampler":  # not the ledger's
+                return plain(cur, query, *a, **kw)
             if threading.current_thread().name == "claimcheck-waker":
                 meter.wakes += 1
                 return plain(cur, query, *a, **kw)
@@ -317,6 +335,182 @@ def measure(
     return out
 
 
+class BackendSampler(threading.Thread):
+    """Every backend of the database, every 0.1 s: its application name and
+    its CPU so far (``/proc/<pid>/stat``). A backend's CPU in the window is
+    its last reading less its first (0 for one that started in the window);
+    the last 0.1 s of one that exits is lost."""
+
+    def __init__(self, dbname: str, skip: set[int]):
+        super().__init__(daemon=True, name="bench-sampler")
+        import psycopg
+
+        self.conn = psycopg.connect(f"{benchlib.PG_SERVER}/postgres", autocommit=True)
+        self.dbname, self.skip = dbname, skip
+        self.names: dict[int, str] = {}
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.stop_flag = threading.Event()
+        self.sample(initial=True)
+
+    def sample(self, initial: bool = False) -> None:
+        rows = self.conn.execute(
+            "SELECT pid, application_name FROM pg_stat_activity WHERE datname = %s",
+            (self.dbname,),
+        ).fetchall()
+        for pid, name in rows:
+            if pid in self.skip:
+                continue
+            try:
+                cpu = backend_cpu_s(pid)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            self.names[pid] = name
+            self.first.setdefault(pid, cpu if initial else 0.0)
+            self.last[pid] = cpu
+
+    def run(self) -> None:
+        while not self.stop_flag.wait(0.1):
+            self.sample()
+
+    def finish(self) -> float:
+        self.stop_flag.set()
+        self.join()
+        self.sample()
+        self.conn.close()
+        return sum(self.last[pid] - self.first[pid] for pid in self.last)
+
+
+def worker_phase(
+    conc: int, n: int, mon, dboid: int, wal_dir: str, log_dir: Path, skip: set[int]
+) -> dict:
+    """N pull tickets admitted here and run by a worker of ``conc``
+    processes: every count of the window, per ticket."""
+    import psycopg
+    import redis
+    from django.db import connection
+
+    from bench import counted_celery
+    from tickets.admission import admit_ticket
+    from tickets.models import TERMINAL_STATES
+
+    worker = benchlib.Proc(
+        "bench-costs",
+        [sys.executable, "-m", "bench.counted_celery", "-A", "config", "worker",
+         "-Q", "turns,control", "-c", str(conc), "-P", "prefork", "-n", "bench-costs@%h",
+         "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
+        log_dir,
+    )  # fmt: skip
+    r = redis.Redis.from_url(benchlib.BROKER_URL)
+    poller = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)
+    listener = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)
+    polls = 0
+    tag = uuid.uuid4().hex[:8]
+
+    def admit_all(prefix: str, count: int) -> list:
+        return [
+            admit_ticket(
+                endpoint=f"{ADDRESS}-w{i % WORKER_ENDPOINTS:02d}",
+                input={"key": f"{prefix}-{i}"},
+                dedupe_key=f"{prefix}-{i}",
+            ).ticket.id
+            for i in range(count)
+        ]
+
+    def wait_done(ids: list) -> None:
+        def done() -> bool:
+            nonlocal polls
+            polls += 1
+            return poller.execute(
+                "SELECT count(*) FROM tickets_ticket WHERE id = ANY(%s) AND state = ANY(%s)",
+                (ids, list(TERMINAL_STATES)),
+            ).fetchone()[0] == len(ids)
+
+        benchlib.wait_for(done, timeout=300, interval=0.1, what=f"{len(ids)} tickets")
+
+    def settled() -> dict[str, int]:
+        """The worker's counts once they stop moving (its flush is 0.2 s)."""
+        last = None
+        for _ in range(25):
+            time.sleep(3 * counted_celery.FLUSH_S)
+            now = {k.decode(): int(v) for k, v in r.hgetall(counted_celery.KEY).items()}
+            if now == last:
+                return now
+            last = now
+        return last or {}
+
+    try:
+        for channel in CHANNELS:
+            listener.execute(f"LISTEN {channel}")
+        worker.wait_ready(timeout=120)
+        wait_done(admit_all(f"{tag}-warm", 2 * WORKER_ENDPOINTS))
+        settled()
+        r.delete(counted_celery.KEY)
+        drain(listener)
+        connection.ensure_connection()
+        polls = 0
+        sampler = BackendSampler(
+            benchlib.DB_NAME, {listener.info.backend_pid, poller.info.backend_pid, *skip}
+        )
+        before = db_stats(mon, benchlib.DB_NAME)
+        lsn0 = mon.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        syncs0 = mon.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0]
+        sampler.start()
+        wall0 = time.perf_counter()
+        with Meter() as meter:
+            ids = admit_all(tag, n)
+        wait_done(ids)
+        wall = time.perf_counter() - wall0
+        counted = settled()
+        db_cpu = sampler.finish()
+        mon.execute("SELECT pg_stat_clear_snapshot()")
+        lsn1 = mon.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+        after = db_stats(mon, benchlib.DB_NAME)
+        # The cluster's WAL flushes (every session of the server's: an upper bound).
+        syncs = mon.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0] - syncs0
+        notes = list(listener.notifies(timeout=1.0))
+        names = sampler.names
+        states = dict(
+            poller.execute(
+                "SELECT state, count(*) FROM tickets_ticket WHERE id = ANY(%s) GROUP BY state",
+                (ids,),
+            ).fetchall()
+        )
+    finally:
+        worker.stop()
+        poller.close()
+        listener.close()
+        r.delete(counted_celery.KEY)
+    if states != {"succeeded": n}:
+        raise SystemExit(f"worker phase -c {conc}: {states}")
+    wal = wal_of_database(str(lsn0), str(lsn1), dboid, wal_dir)
+    delta = {k: after[k] - before[k] for k in after}
+    wakes = meter.wakes + counted.get("wakes", 0)
+    statements = meter.statements + counted.get("statements", 0)
+    by_waker = sum(1 for x in notes if names.get(x.pid) == WAKER)
+    unknown = sum(1 for x in notes if x.pid not in names)
+    per = {
+        "statements": statements / n,
+        "statements_worker": counted.get("statements", 0) / n,
+        "commits": (delta["commits"] - polls - wakes) / n,
+        "write_commits": wal["commit_records"] / n,
+        "wake_commits": wakes / n,
+        "notifications": len(notes) / n,
+        "notifications_in_write_transactions": (len(notes) - by_waker - unknown) / n,
+        "notifications_unclassified": unknown / n,
+        "wal_bytes": wal["bytes"] / n,
+        "wal_bytes_without_fpi": wal["bytes_without_fpi"] / n,
+        "buffers": (delta["blks_hit"] + delta["blks_read"]) / n,
+        "rows_written": (delta["inserted"] + delta["updated"] + delta["deleted"]) / n,
+        "db_cpu_ms": db_cpu * 1e3 / n,
+        "wal_flushes_cluster": syncs / n,
+        "tickets_per_s": n / wall,
+    }
+    out = {k: round(v, 3) for k, v in per.items()}
+    out.update(workers=conc, n=n, load=round(os.getloadavg()[0], 2))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=500, help="operations of each kind")
@@ -326,7 +520,13 @@ def main() -> None:
         action="store_true",
         help="also print each operation's WAL by table and index",
     )
+    parser.add_argument(
+        "--workers",
+        default="2,4",
+        help="worker processes of the pull-ticket phase (comma-separated; empty: none)",
+    )
     args = parser.parse_args()
+    worker_counts = [max(1, min(int(c), 8)) for c in args.workers.split(",") if c]
     n = max(50, min(args.n, 5000))
     benchlib.start_wall_clock()
     benchlib.use_database(DB)
@@ -351,6 +551,8 @@ def main() -> None:
     # process isolation adds per turn).
     runner = {"kind": "python", "path": "runtime.demo.echo", "isolation": "inline"}
     ep = create_endpoint(address=ADDRESS, runner=runner)
+    for i in range(WORKER_ENDPOINTS if worker_counts else 0):
+        create_endpoint(address=f"{ADDRESS}-w{i:02d}", runner=runner)
     create_endpoint(address=HOME, runner=runner)
     create_endpoint(address=ROOTS, runner=runner)
     benchlib.seed_ledger(ep.id)
@@ -449,6 +651,12 @@ def main() -> None:
                 id__in=deliveries, delivered_at__isnull=True
             ).count()
             assert undelivered == 0, f"{undelivered} deliveries not delivered"
+        log_dir = Path(tempfile.mkdtemp(prefix="claimcheck-bench-costs-"))
+        for conc in worker_counts:
+            got = worker_phase(conc, n, mon, dboid, wal_dir, log_dir, {listener.info.backend_pid})
+            results[f"pull_ticket_c{conc}"] = got
+            print(f"  pull ticket, {conc} worker processes: {json.dumps(got)}", flush=True)
+        shutil.rmtree(log_dir, ignore_errors=True)
     finally:
         receiver.close()
         listener.close()
@@ -467,6 +675,7 @@ def main() -> None:
         for k in t
     }
     results["webhook_ticket"] = ticket
+    results["pull_ticket"] = {k: round(results["admission"][k] + results["turn"][k], 3) for k in t}
     cols = ["statements", "commits", "write_commits", "notifications", "wal_bytes",
             "wal_bytes_without_fpi", "buffers", "rows_written", "db_cpu_ms", "worker_cpu_ms",
             "wall_ms", "broker_messages"]  # fmt: skip
@@ -474,10 +683,14 @@ def main() -> None:
         f"\nper operation, mean of {n} (a webhook ticket: admission + turn_with_webhook + delivery)"
     )
     print(f"  {'operation':<20}" + "".join(f"{c_[:12]:>13}" for c_ in cols))
-    for label in [*OPERATIONS, "callback", "webhook_ticket"]:
+    for label in [*OPERATIONS, "callback", "webhook_ticket", "pull_ticket",
+                  *(f"pull_ticket_c{c}" for c in worker_counts)]:  # fmt: skip
         row = results[label]
         print(f"  {label:<20}" + "".join(f"{row.get(c_, 0):13.2f}" for c_ in cols))
-    inside = max(results[label]["notifications_in_write_transactions"] for label in OPERATIONS)
+    inside = max(
+        results[label]["notifications_in_write_transactions"]
+        for label in [*OPERATIONS, *(f"pull_ticket_c{c}" for c in worker_counts)]
+    )
     print(f"  notifications sent inside a write transaction, most of any operation: {inside:.2f}")
     print(json.dumps({"bench": "costs", "n": n, "per_operation": results}, separators=(",", ":")))
 

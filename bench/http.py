@@ -57,6 +57,8 @@ ROUTES = {
     "floor_auth": "/bench/floor-auth",
 }
 LUA = _HERE / "http_post.lua"
+# The floor route's table (bench/http_urls.py inserts into it).
+FLOOR_DDL = "CREATE TABLE bench_http_floor (id uuid PRIMARY KEY, k text, v jsonb)"
 
 
 def free_port() -> int:
@@ -134,6 +136,77 @@ def rows_written(conn, route: str, prefix: str) -> int:
     else:
         sql = "SELECT count(*) FROM bench_http_floor WHERE k LIKE %s"
     return conn.execute(sql, (prefix + "-%",)).fetchone()[0]
+
+
+def launch_server(port: int, workers: int, log_dir: Path) -> benchlib.Proc:
+    """``gunicorn config.wsgi`` with ``workers`` sync workers on 127.0.0.1,
+    the bench's settings (bench.http_settings: the floor routes mounted)
+    against benchlib's database and broker."""
+    env = benchlib.bench_env()
+    env["DJANGO_SETTINGS_MODULE"] = "bench.http_settings"
+    return benchlib.Proc(
+        "bench-gunicorn",
+        [sys.executable, "-m", "gunicorn", "config.wsgi:application",
+         "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+         "--worker-class", "sync", "--log-level", "info", "--error-logfile", "-",
+         "--config", str(_HERE / "gunicorn_conf.py")],
+        log_dir,
+        marker=b"Listening at",
+        env=env,
+    )  # fmt: skip
+
+
+def wait_server(server: benchlib.Proc, workers: int) -> None:
+    server.wait_ready()
+    benchlib.wait_for(
+        lambda: server.log().count(b"loaded the application") >= workers,
+        timeout=120,
+        interval=0.1,
+        what=f"{workers} gunicorn workers",
+    )
+
+
+def warm_routes(url: str, api_key: str, workers: int, routes) -> None:
+    """The first requests of a worker on a route import and build what it
+    needs (1-2 s each under load): warm every route until a round has no
+    request slower than 1 s."""
+    for route in routes:
+        for attempt in range(6):
+            warm = run_wrk(url, route, 2 * workers, 3, api_key, f"warm{attempt}-{route}")
+            if warm["requests"] and warm["max_us"] < 1e6:
+                break
+
+
+def measure_phase(
+    url: str,
+    server: benchlib.Proc,
+    db,
+    route: str,
+    conns: int,
+    seconds: float,
+    api_key: str,
+    prefix: str,
+) -> dict:
+    """One route for ``seconds`` at ``conns`` connections: wrk's figures,
+    the CPU per request of the web workers and of their database backends
+    (what the code costs, whatever the load), checked against the rows the
+    server wrote."""
+    workers_now, backends_now = worker_pids(server.proc.pid), backend_pids(db)
+    cpu_before = cpu_seconds(workers_now), cpu_seconds(backends_now)
+    got = run_wrk(url, route, conns, seconds, api_key, prefix)
+    backends_now = sorted(set(backends_now) | set(backend_pids(db)))
+    cpu_after = cpu_seconds(workers_now), cpu_seconds(backends_now)
+    for i, name in enumerate(("worker_cpu_ms", "backend_cpu_ms")):
+        used = cpu_used(cpu_before[i], cpu_after[i])
+        got[name] = used / max(1, got["requests"]) * 1e3
+    written = rows_written(db, route, prefix)
+    # Requests in flight when wrk stopped or gave up (its timeout) may
+    # still be written after it counted.
+    slack = conns + got["errors"]["timeout"]
+    assert got["ok"] <= written <= got["ok"] + slack, (
+        f"{prefix}: {got['ok']} 2xx responses but {written} rows written"
+    )
+    return got
 
 
 def profile_routes(api_key: str, count: int) -> None:
@@ -274,64 +347,24 @@ def main() -> None:
     _, api_key = create_api_key(username="bench-http")
     connection.close()
     db = psycopg.connect(benchlib.DATABASE_URL, autocommit=True)
-    db.execute("CREATE TABLE bench_http_floor (id uuid PRIMARY KEY, k text, v jsonb)")
+    db.execute(FLOOR_DDL)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_dir = Path(tempfile.mkdtemp(prefix="claimcheck-bench-http-"))
-    env = benchlib.bench_env()
-    env["DJANGO_SETTINGS_MODULE"] = "bench.http_settings"
     server = None
     results: dict[tuple[str, int], list[dict]] = {}
     try:
-        server = benchlib.Proc(
-            "bench-gunicorn",
-            [sys.executable, "-m", "gunicorn", "config.wsgi:application",
-             "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
-             "--worker-class", "sync", "--log-level", "info", "--error-logfile", "-",
-             "--config", str(_HERE / "gunicorn_conf.py")],
-            log_dir,
-            marker=b"Listening at",
-            env=env,
-        )  # fmt: skip
-        server.wait_ready()
-        benchlib.wait_for(
-            lambda: server.log().count(b"loaded the application") >= workers,
-            timeout=120,
-            interval=0.1,
-            what=f"{workers} gunicorn workers",
-        )
-        # The first requests of a worker on a route import and build what it
-        # needs (1-2 s each under load): warm every route until a round has
-        # no request slower than 1 s.
-        for route in ROUTES:
-            for attempt in range(6):
-                warm = run_wrk(url, route, 2 * workers, 3, api_key, f"warm{attempt}-{route}")
-                if warm["requests"] and warm["max_us"] < 1e6:
-                    break
+        server = launch_server(port, workers, log_dir)
+        wait_server(server, workers)
+        warm_routes(url, api_key, workers, ROUTES)
         benchlib.flush_broker()
         db.execute("ANALYZE")
         for rep in range(reps):
             for conns in conn_counts:
                 for route in ROUTES:
                     prefix = f"r{rep}-c{conns}-{route}"
-                    # CPU per request, the web workers' and their database
-                    # backends': what the code costs, whatever the load.
-                    workers_now, backends_now = worker_pids(server.proc.pid), backend_pids(db)
-                    cpu_before = cpu_seconds(workers_now), cpu_seconds(backends_now)
-                    got = run_wrk(url, route, conns, seconds, api_key, prefix)
-                    backends_now = sorted(set(backends_now) | set(backend_pids(db)))
-                    cpu_after = cpu_seconds(workers_now), cpu_seconds(backends_now)
-                    for i, name in enumerate(("worker_cpu_ms", "backend_cpu_ms")):
-                        used = cpu_used(cpu_before[i], cpu_after[i])
-                        got[name] = used / max(1, got["requests"]) * 1e3
-                    written = rows_written(db, route, prefix)
-                    # Requests in flight when wrk stopped or gave up (its
-                    # timeout) may still be written after it counted.
-                    slack = conns + got["errors"]["timeout"]
-                    assert got["ok"] <= written <= got["ok"] + slack, (
-                        f"{prefix}: {got['ok']} 2xx responses but {written} rows written"
-                    )
+                    got = measure_phase(url, server, db, route, conns, seconds, api_key, prefix)
                     results.setdefault((route, conns), []).append(got)
                     print(
                         f"  rep {rep + 1}/{reps} c={conns:<3} {route:<10} "

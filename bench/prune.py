@@ -13,6 +13,14 @@ prune's rate and batch times, and every table's and index's size before the
 prune, after it and after a plain VACUUM (what the space map can reuse; the
 files shrink only under VACUUM FULL or when a partition is dropped).
 
+Beside the prune, what the same retention would cost as a dropped
+partition: the seeded tickets' rows copied into a table partitioned by
+range of id (one partition, the ticket table's indexes), then that
+partition detached (``DETACH PARTITION … CONCURRENTLY``) and dropped, timed,
+with the cluster's WAL over each (``pg_current_wal_insert_lsn``: every
+session of the server's, so an upper bound; the prune's includes the
+admissions beside it). ``--no-partition-probe`` skips it.
+
 ``--tickets`` is capped at 2,000,000; ``--tickets 100000`` is the reduced
 size ``make bench-all`` uses.
 """
@@ -100,6 +108,47 @@ class Admitter(threading.Thread):
             connection.close()
 
 
+def lsn(db) -> int:
+    # pg_lsn - pg_lsn is numeric (a Decimal here), which json cannot write.
+    return int(db.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])
+
+
+def partition_probe(db) -> dict:
+    """The seeded tickets as one partition of a table partitioned by range of
+    id, with the ticket table's own indexes, detached and dropped: seconds
+    and WAL bytes, against the rows it held."""
+    indexes = [
+        d for (d,) in db.execute(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index "
+            "WHERE indrelid = 'tickets_ticket'::regclass"
+        ).fetchall()
+    ]  # fmt: skip
+    db.execute("DROP TABLE IF EXISTS bench_part_probe")
+    db.execute("CREATE TABLE bench_part_probe (LIKE tickets_ticket) PARTITION BY RANGE (id)")
+    db.execute(
+        "CREATE TABLE bench_part_probe_old PARTITION OF bench_part_probe "
+        "FOR VALUES FROM (MINVALUE) TO (MAXVALUE)"
+    )
+    rows = db.execute("INSERT INTO bench_part_probe SELECT * FROM tickets_ticket").rowcount
+    made = 0
+    for i, ddl in enumerate(indexes):
+        # A unique index of a partitioned table must hold the partition key.
+        if " UNIQUE " in ddl and "(id)" not in ddl:
+            ddl = ddl.replace(" UNIQUE ", " ")
+        on = ddl.split(" USING ", 1)[1]
+        db.execute(f"CREATE INDEX bench_part_probe_{i} ON bench_part_probe USING {on}")
+        made += 1
+    db.execute("VACUUM ANALYZE bench_part_probe")
+    size = db.execute("SELECT pg_total_relation_size('bench_part_probe_old')").fetchone()[0]
+    wal0, t0 = lsn(db), time.perf_counter()
+    db.execute("ALTER TABLE bench_part_probe DETACH PARTITION bench_part_probe_old CONCURRENTLY")
+    db.execute("DROP TABLE bench_part_probe_old")
+    seconds, wal = time.perf_counter() - t0, lsn(db) - wal0
+    db.execute("DROP TABLE bench_part_probe")
+    return {"rows": rows, "indexes": made, "bytes": size, "seconds": round(seconds, 4),
+            "wal_bytes": wal}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tickets", type=int, default=1_000_000)
@@ -122,6 +171,7 @@ def main() -> None:
         "--reuse", action="store_true", help="use the database a --keep run left (no seeding)"
     )
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--no-partition-probe", action="store_true")
     args = parser.parse_args()
     max_prune_s = max(10.0, min(args.max_prune_s, 4000.0))
     tickets = max(10_000, min(args.tickets, 2_000_000))
@@ -191,6 +241,9 @@ def main() -> None:
             (20,),
         ).fetchone()[0]
         print(f"prune candidates: {candidates:,} tickets", flush=True)
+        probe = None if args.no_partition_probe else partition_probe(db)
+        if probe:
+            print(f"partition probe: {probe}", flush=True)
 
         admitter = Admitter(rate)
         admitter.start()
@@ -217,8 +270,10 @@ def main() -> None:
                 connection.close()
 
         pruner = threading.Thread(target=run_prune, daemon=True)
+        wal0 = lsn(db)
         pruner.start()
         pruner.join()
+        prune_wal = lsn(db) - wal0
         admitter.phase = "quiet_after"
         admitter.stop_flag.wait(quiet_s)
         admitter.stop_flag.set()
@@ -275,6 +330,14 @@ def main() -> None:
             f"{sum(last) / len(last):.2f}"
             + ("" if report.complete else f"; stopped by --max-prune-s {max_prune_s:g} s")
         )
+    print(f"cluster WAL while pruning: {prune_wal / max(1, pruned):.0f} bytes per pruned ticket "
+          f"(admissions beside it and other sessions included)")  # fmt: skip
+    if probe:
+        print(
+            f"the same as a dropped partition: {probe['rows']:,} ticket rows "
+            f"({probe['bytes'] / 2**20:.1f} MB with {probe['indexes']} indexes) detached and "
+            f"dropped in {probe['seconds'] * 1e3:.0f} ms, {probe['wal_bytes']:,} bytes of WAL"
+        )
     print(f"admissions at {rate:g}/s (ms):")
     for name, f in phases.items():
         print(
@@ -304,6 +367,8 @@ def main() -> None:
         },  # fmt: skip
         complete=report.complete,
         left=left,
+        wal_bytes_per_pruned_ticket=round(prune_wal / max(1, pruned)),
+        partition_probe=probe,
         admission=phases,
         ratio={"prune_p99_vs_quiet_p99": ratio},
         sizes={"before": before, "after": after, "after_vacuum": vacuumed},

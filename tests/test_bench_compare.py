@@ -124,3 +124,25 @@ def test_bench_all_reads_the_summary_line_and_judges_each_target():
     assert by_name["http.c32_errors"]["met"] is True
     assert "error" in by_name["http.c32_vs_floor"]  # missing from the summary: named, not hidden
     assert "NO" in table(rows)
+
+
+def test_bench_all_judges_concurrency_at_the_database_and_through_the_stack():
+    summary = {
+        "ratio": {"1": {"admit_vs_procrastinate": 1.2},
+                  "32": {"admit_vs_procrastinate": 1.4, "admit_vs_insert": 0.3}},
+        "admit_32_vs_8": 1.1,
+        "http": {"c32": {"ratio_to_floor": 0.85, "tickets": {"errors": 2}}},
+        "e2e": {"c2": {"worst_rep": {"claimcheck_vs_procrastinate": 1.6,
+                                     "claimcheck_vs_celery": 0.5}}},
+    }  # fmt: skip
+    got = {r["name"]: r.get("met") for r in evaluate({"concurrency": summary})}
+    assert got == {
+        "concurrency.admit_c1_vs_procrastinate": True,
+        "concurrency.admit_c32_vs_procrastinate": False,
+        "concurrency.admit_32_vs_8": True,
+        "concurrency.admit_c32_vs_insert": True,
+        "concurrency.http_c32_vs_floor": True,
+        "concurrency.http_c32_errors": False,
+        "concurrency.e2e_c2_vs_procrastinate_worst_rep": True,
+        "concurrency.e2e_c2_vs_celery_worst_rep": False,
+    }
