@@ -73,6 +73,66 @@ def _variants(source: str) -> dict[str, str]:
     }
 
 
+def _counts(names: list[str], n: int, block: int, suffix: str) -> dict[str, dict[str, float]]:
+    """Per call of each script's statement on one connection each, in
+    blocks of ``block`` calls with the order rotating: the WAL the call
+    writes (``EXPLAIN (ANALYZE, WAL)``: the backend's own records, the
+    function's statements included, not the commit record; the median, so
+    a full-page image after a checkpoint does not count) and the backend's
+    CPU. Counts, not rates: a loaded machine moves the CPU a little and the
+    WAL not at all."""
+    import psycopg
+
+    from bench.costs import backend_cpu_s
+
+    sql = {
+        name: "EXPLAIN (ANALYZE, WAL, FORMAT JSON) SELECT "
+        + concurrency.SCRIPTS[name]
+        .split("SELECT ", 1)[1]
+        .rstrip(";")
+        .replace("{id}", concurrency._ID)
+        .replace("{key}", "md5(random()::text)")
+        .replace(":r", "(random() * 1e9)::int")
+        .replace("{{", "{")
+        .replace("}}", "}")
+        for name in names
+    }
+    conns = {name: psycopg.connect(benchlib.DATABASE_URL, autocommit=True) for name in names}
+    pids = {n: c.execute("SELECT pg_backend_pid()").fetchone()[0] for n, c in conns.items()}
+    wal: dict[str, list[int]] = {name: [] for name in names}
+    records: dict[str, list[int]] = {name: [] for name in names}
+    cpu = dict.fromkeys(names, 0.0)
+    for name, c in conns.items():  # plans made, caches warm
+        for _ in range(20):
+            c.execute(sql[name])
+    order: list[str] = []
+    for b in range(max(1, n // block)):
+        k = b % len(names)
+        order += names[k:] + names[:k]
+    for name in order:
+        c = conns[name]
+        cpu0 = backend_cpu_s(pids[name])
+        for _ in range(block):
+            plan = c.execute(sql[name]).fetchone()[0][0]["Plan"]
+            wal[name].append(int(plan["WAL Bytes"]))
+            records[name].append(int(plan["WAL Records"]))
+        cpu[name] += backend_cpu_s(pids[name]) - cpu0
+    for c in conns.values():
+        c.close()
+    per = {}
+    for name in names:
+        calls = len(wal[name])
+        row = per[name + suffix] = {
+            "wal_bytes": benchlib.median(wal[name]),
+            "wal_records": benchlib.median(records[name]),
+            "db_cpu_ms": round(1000 * cpu[name] / calls, 3),
+        }
+        print(f"  {name + suffix:<20} WAL {row['wal_bytes']:6.0f} B/call "
+              f"({row['wal_records']:.0f} records, median), backend CPU "
+              f"{row['db_cpu_ms']:.3f} ms/call (with EXPLAIN's own)", flush=True)  # fmt: skip
+    return per
+
+
 def main() -> None:
     import psycopg
 
@@ -82,6 +142,10 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--seed", type=int, default=20_000, help="finished tickets first")
     parser.add_argument("--from-git", metavar="REV", help="claimcheck_admit of this revision")
+    parser.add_argument(
+        "--counts", type=int, default=0, metavar="N",
+        help="instead of pgbench: WAL bytes and backend CPU per call over N calls each",
+    )  # fmt: skip
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     benchlib.start_wall_clock(limit_s=max(900, 60 + args.reps * len(clients) * 10 * (args.T + 2)))
@@ -120,6 +184,21 @@ def main() -> None:
         phases.append(
             ["admit", *(["no_event_trace"] if "no_event_trace" in made else []), "admit_v2"]
         )
+    if args.counts:
+        counted: dict[str, dict[str, float]] = {}
+        try:
+            for phase, names in enumerate(phases):
+                if phase == 1:
+                    with psycopg.connect(benchlib.DATABASE_URL, autocommit=True) as db:
+                        for name in gin:
+                            db.execute(f"DROP INDEX {name}")
+                names = [n for n in names if n not in ("insert", "procrastinate")]
+                counted.update(_counts(names, args.counts, 50, "_nogin" if phase else ""))
+        finally:
+            benchlib.drop_database_named(benchlib.DB_NAME)
+            benchlib.drop_database_named(concurrency.PC_DB + benchlib.SUFFIX)
+        print(json.dumps({"bench": "admission_variants", "counts": counted}))
+        return
     runs: dict[str, dict[int, list[float]]] = {}
     load0 = os.getloadavg()[0]
     try:
