@@ -95,7 +95,7 @@ SCRIPTS = {
         " RETURNING pg_notify('bench_concurrency', '');"
     ),
     "admit": (
-        "SELECT o_status FROM claimcheck_admit(p_id => {id}, p_address => '" + ADDRESS + "',"
+        "SELECT o_status FROM claimcheck_admit_v2(p_id => {id}, p_address => '" + ADDRESS + "',"
         " p_dedupe_key => {key}, p_sha => md5(:r::text), p_input => '{{\"x\": 1}}'::jsonb,"
         " p_parent => NULL, p_trace => NULL, p_return_to => NULL, p_continuation => NULL,"
         " p_requester => '{{}}'::jsonb, p_callback_for => NULL, p_rerun_of => NULL,"
@@ -107,7 +107,7 @@ SCRIPTS = {
         " '{{\"x\": 1}}'::jsonb, NULL::timestamptz)]::procrastinate_job_to_defer_v1[]);"
     ),
 }
-SCRIPTS["admit_notify"] = SCRIPTS["admit"].replace("claimcheck_admit(", "bench_admit_notify(")
+SCRIPTS["admit_notify"] = SCRIPTS["admit"].replace("claimcheck_admit_v2(", "bench_admit_notify(")
 
 
 def _script(name: str) -> str:
@@ -117,15 +117,16 @@ def _script(name: str) -> str:
 def _admit_notify_source(db) -> str:
     """The installed claimcheck_admit with the dispatcher's NOTIFY put back
     into its insert (its shape before the wake followed the commit)."""
-    source = db.execute("SELECT pg_get_functiondef('claimcheck_admit'::regproc)").fetchone()[0]
+    source = db.execute("SELECT pg_get_functiondef('claimcheck_admit_v2'::regproc)").fetchone()[0]
     changed, n = re.subn(
-        r"RETURNING true INTO v_woke;",
-        "RETURNING pg_notify('claimcheck_dispatch', '') IS NULL INTO v_woke;",
+        r"ON CONFLICT \(endpoint_id, dedupe_key\) DO NOTHING;",
+        "ON CONFLICT (endpoint_id, dedupe_key) DO NOTHING;\n"
+        "IF FOUND THEN PERFORM pg_notify('claimcheck_dispatch', ''); END IF;",
         source,
     )
     if n != 1:
-        raise SystemExit("claimcheck_admit's insert changed: update bench/concurrency.py")
-    return changed.replace("public.claimcheck_admit(", "public.bench_admit_notify(", 1)
+        raise SystemExit("claimcheck_admit_v2's insert changed: update bench/concurrency.py")
+    return changed.replace("public.claimcheck_admit_v2(", "public.bench_admit_notify(", 1)
 
 
 def setup(seed: int) -> None:

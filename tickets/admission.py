@@ -1,11 +1,12 @@
 """Admission: a request becomes a ticket, or finds the ticket it already is.
 
-The transition is one database function, ``claimcheck_admit``
-(tickets/sql/claimcheck_admit.sql): resolve the endpoint, find the
-ticket holding the key, check quarantine, the busy policy and the circuit
-breaker, insert the ticket, its event and its trace count. A new ticket or a
-duplicate is one round trip; the function's answer for anything else is
-turned here into the documented error.
+The transition is one database function, ``claimcheck_admit_v2``
+(tickets/sql/claimcheck_admit_v2.sql, its parts in the files it names):
+resolve the endpoint, find the ticket holding the key, check quarantine,
+the busy policy and the circuit breaker, insert the ticket and its event
+(and its count on a trace it joins). A new ticket or a duplicate is one round trip; the
+function's answer for anything else is turned here into the documented
+error.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def admit_ticket(
 
     1. Check the caps and the dedupe key's shape; a parent the submitter
        may not see is 404.
-    2. ``claimcheck_admit``, one statement, atomic on its own (no BEGIN or
+    2. ``claimcheck_admit_v2``, one statement, atomic on its own (no BEGIN or
        COMMIT round trips in autocommit): resolve the endpoint (address or
        alias) and ``return_to``; a restricted one sends the caller back here
        to ask ``may_submit`` first; look up ``(endpoint, dedupe_key)`` in any
@@ -124,9 +125,11 @@ def admit_ticket(
        trace; fail closed on quarantine; apply the busy policy and the
        circuit breaker (the trace row locked; counted per party, the
        submitter or its ancestors'; refused past the hard limit before
-       anything is written, flagged past the soft one); insert ticket,
-       event and trace count. The unique constraint decides a race: the
-       loser waits for the winner's commit and returns its row.
+       anything is written, flagged past the soft one); insert the ticket,
+       its event and, when it joins a trace, the trace's count (a root that
+       opens its own trace writes no trace row). The unique constraint
+       decides a race: the loser waits for the winner's commit and returns
+       its row.
     3. No broker publish: the ticket is marked ``needs_dispatch`` and the
        dispatcher (runtime/dispatcher.py) is woken after the commit
        (core/wakes.py); its poll serves a wake that is lost.
@@ -183,7 +186,7 @@ def admit_ticket(
 # back.
 _TICKET_FIELDS = tuple(Ticket._meta.concrete_fields)
 _TICKET_ATTNAMES = [f.attname for f in _TICKET_FIELDS]
-# claimcheck_admit: tickets/sql/claimcheck_admit.sql.
+# claimcheck_admit_v2: tickets/sql/claimcheck_admit_v2.sql.
 # Named arguments (a parameter added with a default shifts no caller); its
 # result read by column name (``Row``).
 _ADMIT_PARAMS = (
@@ -193,14 +196,14 @@ _ADMIT_PARAMS = (
 )  # fmt: skip
 _JSONB = {"input", "continuation", "requester"}
 _ADMIT_SQL = (
-    "SELECT * FROM claimcheck_admit("
+    "SELECT * FROM claimcheck_admit_v2("
     + ", ".join(
         f"p_{name} => %({name})s" + ("::jsonb" if name in _JSONB else "") for name in _ADMIT_PARAMS
     )
     + ")"
 )
 
-# One row of claimcheck_admit's result, by column name without its ``o_``.
+# One row of claimcheck_admit_v2's result, by column name without its ``o_``.
 Row = dict[str, Any]
 
 
@@ -375,7 +378,7 @@ def _refusal(status: str, row: Row, *, parent_id: uuid.UUID | None) -> Exception
             f"trace {row['trace']} spent its budget and takes no new tickets",
             trace_id=row["trace"],
         )
-    return RuntimeError(f"claimcheck_admit answered {status!r}")
+    return RuntimeError(f"claimcheck_admit_v2 answered {status!r}")
 
 
 def _admitted(

@@ -69,12 +69,30 @@ def validate_budget(budget: dict[str, Any] | None) -> dict[str, Any] | None:
     return clean
 
 
+# A root that opened its trace alone wrote no trace row (claimcheck_admit_v2):
+# its budget starts the row, counting it (claimcheck_trace_opener), from its
+# admission (the wall-clock budget's start). Nothing when the trace has a
+# row (a trace named by the caller): then the row's own update, below.
+_OPEN_SQL = """
+INSERT INTO tickets_trace (id, tickets, parties, max_depth, flagged, created_at, budget)
+SELECT %(trace)s, 1, jsonb_build_object(o.o_party, 1), 0, false, o.o_created_at, %(budget)s::jsonb
+FROM claimcheck_trace_opener(p_trace => %(trace)s) o
+WHERE o.o_ticket = %(ticket)s
+ON CONFLICT (id) DO NOTHING
+"""
+
+
 def open_budget(*, trace_id: str, ticket_id: Any, budget: dict[str, Any]) -> None:
     """Set the budget of the trace a root ticket has just opened, in the
     admission's transaction (the caller's ``atomic``: refused, nothing was
     admitted). Only the ticket that opened the trace sets it: a root that
     joins a trace others already spend in may not change its budget."""
-    updated = Trace.objects.filter(id=trace_id, tickets=1, budget__isnull=True).update(
+    with connection.cursor() as cur:
+        cur.execute(
+            _OPEN_SQL, {"trace": trace_id, "ticket": ticket_id, "budget": json.dumps(budget)}
+        )
+        opened = cur.rowcount
+    updated = opened or Trace.objects.filter(id=trace_id, tickets=1, budget__isnull=True).update(
         budget=budget
     )
     if not updated:

@@ -38,6 +38,11 @@ TERMINAL_STATES = frozenset(
     {TicketState.SUCCEEDED, TicketState.FAILED, TicketState.CANCELLED, TicketState.ORPHANED}
 )
 
+# The terminal states as the search indexes' predicates name them (a list,
+# in a fixed order: a migration's text).
+SETTLED_STATES = ["cancelled", "failed", "orphaned", "succeeded"]
+assert set(SETTLED_STATES) == TERMINAL_STATES
+
 # The allowed edges of the ticket state machine (DESIGN.md). A running ticket
 # whose cancel was requested becomes cancelled when its turn is proven stopped.
 TICKET_EDGES: dict[str, frozenset[str]] = {
@@ -315,15 +320,23 @@ class Ticket(models.Model):
             # Search inside input and result (tickets.search): ``column @>
             # document``. jsonb_path_ops holds one hash per path to a value,
             # not every key and value apart: smaller, and it serves exactly
-            # containment. A queued or failed ticket has no result: no entry.
+            # containment. Settled tickets only: every version of a row
+            # enters each index whose predicate it meets, so the admission
+            # and a turn's start write no entry here; the tickets still in
+            # flight, few whatever the ledger's size, are checked row by row
+            # (tickets.search.newest_matching). A ticket with no result: no
+            # entry in the second.
             GinIndex(
-                fields=["input"], opclasses=["jsonb_path_ops"], name="ticket_input_search_idx"
+                fields=["input"],
+                opclasses=["jsonb_path_ops"],
+                name="ticket_input_search_idx",
+                condition=Q(state__in=SETTLED_STATES),
             ),
             GinIndex(
                 fields=["result"],
                 opclasses=["jsonb_path_ops"],
                 name="ticket_result_search_idx",
-                condition=Q(result__isnull=False),
+                condition=Q(result__isnull=False, state__in=SETTLED_STATES),
             ),
             # The same paths under the ticket's submitter and its endpoint,
             # ticket_search_scoped_idx, is built in SQL in the initial

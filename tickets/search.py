@@ -13,7 +13,10 @@ A term is the containment ``input @> '{"customer": 42}'``, which the GIN
 ``ticket_result_search_idx`` serve for staff; for anyone else (and for an
 endpoint filter) ``ticket_search_scoped_idx`` serves it among the tickets
 the caller may see (``within``: the same document under the ticket's
-submitter's and its endpoint's name). Containment walks objects only: a path
+submitter's and its endpoint's name). The indexes hold settled tickets
+only, so an admission writes no entry in them; the tickets in flight are
+checked row by row (``in_flight``), so a queued ticket is found by its
+text from its admission on. Containment walks objects only: a path
 does not reach into an array's elements, and a value matches the value at
 its path exactly (``42`` matches ``42`` and ``42.0``, not ``"42"``).
 Only what the ticket row holds is searched: a result stored as an artifact
@@ -47,6 +50,8 @@ from django.db.models.functions import Cast
 
 from core.errors import InvalidSearch
 from core.inputs import text_problem
+
+from .models import SETTLED_STATES
 
 COLUMNS = ("input", "result")
 MAX_TERMS = 8
@@ -280,6 +285,26 @@ def within(terms: list[Term], scopes: list[str]) -> Q:
     return q
 
 
+# --- The tickets in flight -----------------------------------------------------------------------
+
+
+def in_flight(model, terms: list[Term]) -> list[QuerySet]:
+    """The matches among the tickets not yet settled, whose rows the GIN
+    indexes leave out (an admission and a turn's start write no entry
+    there: tickets/models.py): queued ones by ``ticket_queued_idx``, the
+    others by ``ticket_state_id_idx`` (each predicate named as the index
+    names it, so the planner may use it), each row checked against the
+    terms. They are the work in flight, few whatever the ledger's size; a
+    caller's visibility is checked on the rows found."""
+    return [
+        model.objects.filter(matching(terms), state="queued").order_by().values("id"),
+        model.objects.filter(matching(terms), ~Q(state__in=["succeeded", "queued"]))
+        .exclude(state__in=SETTLED_STATES)
+        .order_by()
+        .values("id"),
+    ]
+
+
 # --- A page of matches, newest first ------------------------------------------------------------
 
 # How many of the newest tickets in scope the first step reads (see
@@ -314,7 +339,8 @@ def newest_matching(
        match through the input and result indexes, as an ``ARRAY``
        subquery (computed once: the planner cannot turn it into an id-order
        walk), the newest of them probed by primary key and checked against
-       the scope's filters.
+       the scope's filters; beside them, the matches among the tickets in
+       flight, which those indexes leave out (``in_flight``).
 
     Step 1 costs ``WINDOW`` rows, whatever the ledger's size; step 2 runs
     for a term in fewer than one of ``WINDOW / n`` recent tickets and costs
@@ -341,12 +367,13 @@ def newest_matching(
     floor = next((row[0] for row in rows if row[2] == WINDOW), None)
     if len(hits) >= n or floor is None or scopes == []:
         return hits[:n]
+    settled = Q(state__in=SETTLED_STATES)
     if scopes is None:
         # Every match, unordered: the planner may combine the GIN indexes
         # with the scope's own filters, never walk the id order. Not the id
         # range either: with it beside the terms it might read that range
         # instead of the GIN index.
-        inner = scope.filter(matching(terms)).order_by().values("id").query
+        inner = scope.filter(matching(terms), settled).order_by().values("id").query
     else:
         # The scopes' matches alone, from the scoped index: nothing else in
         # the statement for the planner to AND with it (a submitter's own
@@ -355,10 +382,15 @@ def newest_matching(
         # on the row. The scope's filters are checked below, on the rows
         # found.
         model = scope.model
-        inner = model.objects.filter(within(terms, scopes)).order_by().values("id").query
-    inner_sql, inner_params = inner.sql_with_params()
+        inner = model.objects.filter(within(terms, scopes), settled).order_by().values("id").query
+    parts = [inner, *(q.query for q in in_flight(scope.model, terms))]
+    where, params = [], []
+    for part in parts:
+        part_sql, part_params = part.sql_with_params()
+        where.append(f"tickets_ticket.id = ANY(ARRAY({part_sql}))")
+        params += part_params
     older = scope.filter(id__lt=floor).extra(  # noqa: S610 - Django's SQL, parameters
-        where=[f"tickets_ticket.id = ANY(ARRAY({inner_sql}))"],
-        params=list(inner_params),
+        where=[" OR ".join(where)],
+        params=params,
     )
     return hits + list(older.order_by("-id").values_list("id", flat=True)[: n - len(hits)])

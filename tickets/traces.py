@@ -102,3 +102,16 @@ def joining(
     with transaction.atomic():
         _lock(requested)
         yield choose(user, requested=requested, traceparent=traceparent)
+
+
+def counted(trace_id: str) -> int:
+    """How many tickets the trace's circuit breaker counts: its row's count,
+    or 1 for a trace a root opened alone, which has no row until a second
+    ticket joins it (tickets/sql/claimcheck_admit_v2.sql); 0 for none."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT COALESCE((SELECT tr.tickets FROM tickets_trace tr WHERE tr.id = %(t)s),"
+            " (SELECT count(*) FROM claimcheck_trace_opener(p_trace => %(t)s)))",
+            {"t": trace_id},
+        )
+        return int(cur.fetchone()[0])

@@ -34,7 +34,7 @@ def test_every_file_is_the_installed_function():
                 f"{name} in the database is not {folder.name}/{name}.sql"
             )
     assert {
-        "claimcheck_admit",
+        "claimcheck_admit_v2",
         "claimcheck_open_delivery",
         "claimcheck_start_turn",
         "claimcheck_finish_turn",

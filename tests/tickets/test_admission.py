@@ -433,7 +433,7 @@ def test_admission_is_prepared_only_when_the_setting_says(
     make_endpoint("alpha")
     with django_assert_num_queries(1) as captured:
         first = admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="p1")
-    assert "claimcheck_admit(" in captured.captured_queries[0]["sql"]
+    assert "claimcheck_admit_v2(" in captured.captured_queries[0]["sql"]
     second = admit_ticket(endpoint="alpha", input={"x": 2}, dedupe_key="p2")
     again = admit_ticket(endpoint="alpha", input={"x": 1}, dedupe_key="p1")
     assert not first.duplicate and not second.duplicate and again.duplicate
@@ -444,7 +444,7 @@ def test_admission_is_prepared_only_when_the_setting_says(
         cur.execute("SELECT statement FROM pg_prepared_statements")
         kept = [row[0] for row in cur.fetchall()]
     # Three calls, one statement planned for them all (or none).
-    assert [s.startswith("SELECT * FROM claimcheck_admit(") for s in kept] == (
+    assert [s.startswith("SELECT * FROM claimcheck_admit_v2(") for s in kept] == (
         [True] if prepared else []
     )
 

@@ -88,7 +88,7 @@ def test_concurrent_charges_lose_nothing_and_cross_once(make_endpoint, settings)
     settings.MODEL_PRICES = {"m": {"input": 1000, "output": 2000}}
     make_endpoint("b.echo")
     root = admit_ticket(endpoint="b.echo", input={}).ticket
-    Trace.objects.filter(id=root.trace_id).update(budget={"tokens": 1000})
+    budgets.open_budget(trace_id=root.trace_id, ticket_id=root.id, budget={"tokens": 1000})
     usage = {"model": "m", "input_tokens": 10, "output_tokens": 5}
     results = []
 
@@ -224,8 +224,8 @@ def test_an_unbudgeted_trace_writes_nothing_per_turn(make_endpoint):
     make_endpoint("b.agent", runner=AGENT)
     ticket = run(admit_ticket(endpoint="b.agent", input={"prompt": "remember x"}).ticket)
     assert spent(ticket) > 0
-    trace = Trace.objects.get(id=ticket.trace_id)
-    assert trace.budget is None and trace.spent_tokens == 0 and trace.exhausted_at is None
+    # A root that opened its trace alone: not even a trace row.
+    assert not Trace.objects.filter(id=ticket.trace_id).exists()
 
 
 def test_past_its_wall_clock_the_trace_closes_and_its_running_turn_stops(api, make_endpoint):

@@ -318,3 +318,29 @@ def test_the_command_reports_and_needs_a_cutoff(ledger, settings):
     )  # fmt: skip
     assert "deleted" in out.getvalue() and "paused" in out.getvalue(), out.getvalue()
     assert uuid.UUID(str(ledger["done"].id))
+
+
+def test_a_trace_with_its_row_and_a_root_alone_go_in_one_prune(ledger):
+    """A root alone has no trace row (admission writes one when a second
+    ticket joins): the prune finds it by its ticket, and a trace with a row
+    by the row, under one rule, in one pass."""
+    with days_ago(40):
+        root = run("ret.echo")
+        child = run("ret.echo", parent_id=root.id)
+        delivery.acknowledge(ticket_id=root.id, actor="test")
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE tickets_ticket SET finished_at = finished_at - interval '40 days'"
+            " WHERE id = ANY(%s)",
+            [[root.id, child.id]],
+        )
+    # The endpoint's latest history is today's again (kept: keep_history).
+    later = run("ret.echo")
+    delivery.acknowledge(ticket_id=later.id, actor="test")
+    assert Trace.objects.filter(id=root.trace_id).exists()  # the child started it
+    assert not Trace.objects.filter(id=ledger["done"].trace_id).exists()  # alone
+    report = retention.prune(older_than_days=30, keep_history=1)
+    assert (report.counts["traces"], report.counts["tickets"]) == (2, 3), report
+    assert not exists(root) and not exists(child) and not exists(ledger["done"])
+    assert not Trace.objects.filter(id=root.trace_id).exists()
+    assert exists(ledger["owed"]) and exists(ledger["recent"])

@@ -573,3 +573,42 @@ def test_a_callers_older_matches_come_from_the_scoped_index(
     assert "ticket_search_scoped_idx" in inner, "\n".join(plan)
     for other in ("ticket_input_search_idx", "ticket_result_search_idx"):
         assert other not in inner, "\n".join(plan)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("who", ["staff", "submitter", "owner"])
+def test_a_queued_ticket_past_the_window_is_found_by_its_text_at_once(
+    finished, django_user_model, monkeypatch, who
+):
+    """The search indexes hold settled tickets only (an admission writes no
+    entry there); a ticket in flight is checked row by row, so it is found
+    by its text the moment it is admitted, past step 1's window too."""
+    monkeypatch.setattr(search, "WINDOW", 1)
+    settled = finished({"customer": 42})
+    queued = [
+        admit_ticket(
+            endpoint=finished.endpoint.address, input={"customer": 42}, submitter=finished.submitter
+        ).ticket.id
+        for _ in range(3)
+    ]
+    admit_ticket(endpoint=finished.endpoint.address, input={"customer": 7})  # the window's
+    user = {
+        "staff": django_user_model.objects.create_user("root", is_staff=True),
+        "submitter": finished.submitter,
+        "owner": finished.owner,
+    }[who]
+    assert found(user, "input.customer:42") == [*queued[::-1], settled.id]
+    assert Ticket.objects.filter(id__in=queued, state="queued").count() == 3
+
+
+@pytest.mark.django_db
+def test_the_search_indexes_hold_settled_tickets_only():
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(%s)",
+            [["ticket_input_search_idx", "ticket_result_search_idx", "ticket_search_scoped_idx"]],
+        )
+        found_ = dict(cur.fetchall())
+    assert len(found_) == 3
+    for name, definition in found_.items():
+        assert "'succeeded'" in definition and "'queued'" not in definition, (name, definition)
