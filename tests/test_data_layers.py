@@ -285,4 +285,4 @@ def test_the_checks_can_fail(monkeypatch):
     )
     assert any("tickets.Ticket.endpoint" in v for v in violations_of_models())
     assert any("depends on endpoints" in v for v in violations_of_migrations())
-    assert any("tickets/sql/claimcheck_admit.sql names" in v for v in violations_of_sql_files())
+    assert any("tickets/sql/claimcheck_admit_v2.sql names" in v for v in violations_of_sql_files())
