@@ -9,15 +9,39 @@ from __future__ import annotations
 
 import uuid
 
+from django.db.models import BooleanField, F, Func
+
 from . import callbacks, delivery
 from .events import update_fields
 from .models import CallbackState, ObligationState, Ticket, TicketState
 
 
+class RootLike(Func):
+    """A root ticket, or a re-run that carries its original's obligation:
+    one that answers a requester. The rule is the database's
+    (``claimcheck_ticket_root_like``, which the finish of a turn calls too),
+    read here with the ticket's row."""
+
+    output_field = BooleanField()
+
+    def __init__(self) -> None:
+        super().__init__(F("parent_id"), F("rerun_of_id"), F("obligation_state"))
+
+    def as_sql(self, compiler, connection, **extra):
+        parent, rerun_of, obligation = (compiler.compile(e) for e in self.get_source_expressions())
+        sql = (
+            f"claimcheck_ticket_root_like(p_parent => {parent[0]}, p_rerun_of => {rerun_of[0]},"
+            f" p_obligation_state => {obligation[0]})"
+        )
+        return sql, (*parent[1], *rerun_of[1], *obligation[1])
+
+
 def context(ticket_id: uuid.UUID) -> tuple[Ticket, uuid.UUID | None]:
-    """The ticket that just became terminal, and the re-run that supersedes
-    it, if any."""
-    ticket = Ticket.objects.select_related("endpoint").get(id=ticket_id)
+    """The ticket that just became terminal (with ``root_like``), and the
+    re-run that supersedes it, if any."""
+    ticket = (
+        Ticket.objects.select_related("endpoint").annotate(root_like=RootLike()).get(id=ticket_id)
+    )
     # Only an orphaned ticket can have been superseded by a re-run (admitted
     # in the same decision, before this transition).
     rerun = (
@@ -28,20 +52,13 @@ def context(ticket_id: uuid.UUID) -> tuple[Ticket, uuid.UUID | None]:
     return ticket, rerun
 
 
-def _root_like(ticket: Ticket) -> bool:
-    """A root ticket, or a re-run that carries its original's obligation."""
-    return ticket.parent_id is None or (
-        ticket.rerun_of_id is not None and ticket.obligation_state != ObligationState.NONE
-    )
-
-
 def open_delivery(ticket: Ticket, rerun: uuid.UUID | None) -> dict[str, str] | None:
     """The delivery of a root ticket (or of a re-run, which answers its
     original's requester), opened in the terminal transition's transaction so
     it is never lost; what the terminal event records of it, or None when it
     opens none (a child; an original superseded by a re-run, whose
     obligation passes to the re-run; a delivery already open)."""
-    if rerun is not None or not _root_like(ticket):
+    if rerun is not None or not ticket.root_like:
         return None
     return delivery.on_root_terminal(ticket=ticket)[1]
 
@@ -64,7 +81,7 @@ def on_terminal(ticket: Ticket, rerun: uuid.UUID | None) -> None:
                 detail={"rerun": str(rerun)},
                 callback_state=CallbackState.NONE,
             )
-    if rerun is not None and _root_like(ticket) and ticket.obligation_state == ObligationState.OPEN:
+    if rerun is not None and ticket.root_like and ticket.obligation_state == ObligationState.OPEN:
         update_fields(
             ticket_id=ticket_id,
             kind="obligation_passed",
