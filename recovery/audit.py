@@ -455,7 +455,8 @@ SELECT 'stranded_queued', jsonb_build_object('ticket', t.id, 'endpoint', e.addre
            'needs_dispatch and nothing published for it in the last %%s s',
            t.created_at, COALESCE(last.ended_at::text, 'never'), %(window)s)
 FROM {ticket} t
-JOIN {endpoint} e ON e.id = t.endpoint_id AND e.state = 'available' AND e.paused_at IS NULL
+JOIN {endpoint} e ON e.id = t.endpoint_id
+    AND claimcheck_endpoint_may_start(p_state => e.state, p_paused_at => e.paused_at)
 JOIN {lock} l ON l.endpoint_id = t.endpoint_id AND l.holder_id IS NULL
 -- The endpoint's last turn through (endpoint, seq): its end is the last release.
 LEFT JOIN LATERAL (

@@ -9,36 +9,16 @@ from __future__ import annotations
 
 import uuid
 
-from django.db.models import BooleanField, F, Func
-
 from . import callbacks, delivery
 from .events import update_fields
 from .models import CallbackState, ObligationState, Ticket, TicketState
-
-
-class RootLike(Func):
-    """A root ticket, or a re-run that carries its original's obligation:
-    one that answers a requester. The rule is the database's
-    (``claimcheck_ticket_root_like``, which the finish of a turn calls too),
-    read here with the ticket's row."""
-
-    output_field = BooleanField()
-
-    def __init__(self) -> None:
-        super().__init__(F("parent_id"), F("rerun_of_id"), F("obligation_state"))
-
-    def as_sql(self, compiler, connection, **extra):
-        parent, rerun_of, obligation = (compiler.compile(e) for e in self.get_source_expressions())
-        sql = (
-            f"claimcheck_ticket_root_like(p_parent => {parent[0]}, p_rerun_of => {rerun_of[0]},"
-            f" p_obligation_state => {obligation[0]})"
-        )
-        return sql, (*parent[1], *rerun_of[1], *obligation[1])
+from .rules import RootLike
 
 
 def context(ticket_id: uuid.UUID) -> tuple[Ticket, uuid.UUID | None]:
-    """The ticket that just became terminal (with ``root_like``), and the
-    re-run that supersedes it, if any."""
+    """The ticket that just became terminal (with ``root_like``: the rule is
+    the database's, tickets/rules.py), and the re-run that supersedes it, if
+    any."""
     ticket = (
         Ticket.objects.select_related("endpoint").annotate(root_like=RootLike()).get(id=ticket_id)
     )
