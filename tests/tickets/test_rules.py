@@ -9,7 +9,9 @@ import pytest
 from django.db import connection
 
 from endpoints.models import Endpoint
-from runtime.services import pause_endpoint
+from runtime import turns as runtime
+from runtime.runners import Outcome
+from runtime.services import cancel_ticket, pause_endpoint
 from tickets import terminal
 from tickets.admission import admit_ticket
 from tickets.models import Ticket
@@ -54,3 +56,25 @@ def test_python_reads_root_like_from_the_function(make_endpoint):
     ticket, rerun = terminal.context(root.id)
     assert ticket.root_like is True and rerun is None
     assert Ticket.objects.alias(r=RootLike()).filter(id=root.id, r=True).exists()
+
+
+def test_a_cancel_writes_one_error_text_whichever_way_it_went(make_endpoint):
+    """At once (queued) and once the running turn is proven stopped (the
+    finish): the same ``claimcheck_ticket_cancelled_error``."""
+    make_endpoint("rules.cancel")
+    running = admit_ticket(endpoint="rules.cancel", input={"n": 1}).ticket
+    queued = admit_ticket(endpoint="rules.cancel", input={"n": 2}).ticket
+    started = runtime.start_turn(ticket_id=running.id)
+    assert started is not None and started.ticket.id == running.id
+    cancel_ticket(ticket_id=queued.id, actor="user:q")
+    cancel_ticket(ticket_id=running.id, actor="user:r")
+    runtime.finish_turn(
+        turn_id=started.turn.id,
+        seq=started.turn.seq,
+        outcome=Outcome.stopped("process_exit", {"signals_sent": ["SIGTERM"]}),
+        source="test",
+    )
+    for ticket, actor in ((queued, "user:q"), (running, "user:r")):
+        ticket.refresh_from_db()
+        assert ticket.state == "cancelled"
+        assert ticket.error == {"code": "cancelled", "detail": f"cancelled by {actor}"}

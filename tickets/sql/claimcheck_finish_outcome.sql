@@ -52,7 +52,10 @@ BEGIN
             'seq', u.seq);
         IF p_ticket.cancel_requested_at IS NOT NULL THEN
             o_to := 'cancelled';
-            o_error := '{"code": "cancelled", "detail": "cancelled"}';
+            o_error := claimcheck_ticket_cancelled_error(p_actor => COALESCE((
+                SELECT ev.actor FROM tickets_ticketevent ev
+                WHERE ev.ticket_id = p_ticket.id AND ev.kind = 'cancel_requested'
+                ORDER BY ev.id DESC LIMIT 1), 'unknown'));
         ELSE
             v_reason := COALESCE(NULLIF(u.interrupt_reason, ''), 'stopped');
             v_signals := COALESCE(v_evidence->'detail'->'signals_sent', '[]');
