@@ -11,8 +11,14 @@ class ClaimcheckConfig(AppConfig):
     verbose_name = "Claimcheck"
 
     def ready(self) -> None:
+        from django.apps import apps
+
         from core.db_roles import grant_after_migrate
 
-        # sender=self: post_migrate is sent once per app; the grants cover
-        # every table, so once per migrate is enough.
-        post_migrate.connect(grant_after_migrate, sender=self, dispatch_uid="claimcheck-grants")
+        # post_migrate is sent once per app, in INSTALLED_APPS order; the
+        # grants cover every table and function, so once per migrate is
+        # enough: after the last app's, when every app's sql/ folder
+        # (core/sqlfunctions.py) has installed its functions, the prune's
+        # included.
+        last = list(apps.get_app_configs())[-1]
+        post_migrate.connect(grant_after_migrate, sender=last, dispatch_uid="claimcheck-grants")

@@ -136,21 +136,41 @@ def drop_retired(connection: BaseDatabaseWrapper, folder: Path) -> list[str]:
     return dropped
 
 
-def installer(folder: Path):
-    """A post_migrate receiver installing ``folder``'s functions for the app
-    that sent it, once its models exist (not after a migration to zero, not
-    after ``flush``, which sends post_migrate too)."""
+# Every app's folder, as its AppConfig registered it: (app label, folder).
+_FOLDERS: list[tuple[str, Path]] = []
+
+
+def installer(folder: Path, label: str | None = None):
+    """A post_migrate receiver installing the functions of every registered
+    folder (this one included) once their app's models exist (not after a
+    migration to zero, not after ``flush``, which sends post_migrate too).
+
+    All folders in one transaction, at the first app's post_migrate: a
+    function of one folder may call a function of another (the finish calls
+    the ledger's rules), and a release's running workers must never see the
+    caller replaced before its callee exists. Later apps' post_migrate find
+    nothing left to do."""
+    if label is None:
+        label = folder.parent.name
+    if (label, folder) not in _FOLDERS:
+        _FOLDERS.append((label, folder))
 
     def install_after_migrate(sender, *, using: str, plan=None, apps=None, **kwargs) -> None:
         if plan is None:
             return
-        if apps is not None:
-            try:
-                if not list(apps.get_app_config(sender.label).get_models()):
-                    return
-            except LookupError:
-                return
-        install(connections[using], folder)
+        ready = []
+        for app_label, app_folder in _FOLDERS:
+            if apps is not None:
+                try:
+                    if not list(apps.get_app_config(app_label).get_models()):
+                        continue
+                except LookupError:
+                    continue
+            ready.append(app_folder)
+        connection = connections[using]
+        with transaction.atomic(using=using):
+            for app_folder in ready:
+                install(connection, app_folder)
 
     return install_after_migrate
 

@@ -60,6 +60,11 @@ Kinds of violation (each names the ids involved):
 - ``event_state_mismatch``: the last transition event's ``to_state`` is not
   the ticket's state, a ticket has no transition event, or a transition
   event's ``from_state`` is not the previous one's ``to_state``.
+- ``forbidden_edge``: a transition event records a ``(from_state,
+  to_state)`` that is no edge of the ticket state machine
+  (``claimcheck_ticket_edge_ok``, generated from ``TICKET_EDGES``; an
+  admission's ``'' -> queued`` is one). The database refuses such a change
+  of the ticket row; an event row saying one was written past it.
 - ``turn_generation``: a turn names a generation its endpoint does not
   have, or its seq lies outside that generation's range (from its
   ``first_seq`` to the next generation's): it did not run under it.
@@ -102,6 +107,7 @@ KINDS = (
     "stranded_queued",
     "discarded_result",
     "event_state_mismatch",
+    "forbidden_edge",
     "turn_generation",
     "generation_gap",
     "generation_drift",
@@ -448,7 +454,8 @@ SELECT 'stranded_queued', jsonb_build_object('ticket', t.id, 'endpoint', e.addre
            'needs_dispatch and nothing published for it in the last %%s s',
            t.created_at, COALESCE(last.ended_at::text, 'never'), %(window)s)
 FROM {ticket} t
-JOIN {endpoint} e ON e.id = t.endpoint_id AND e.state = 'available' AND e.paused_at IS NULL
+JOIN {endpoint} e ON e.id = t.endpoint_id
+    AND claimcheck_endpoint_may_start(p_state => e.state, p_paused_at => e.paused_at)
 JOIN {lock} l ON l.endpoint_id = t.endpoint_id AND l.holder_id IS NULL
 -- The endpoint's last turn through (endpoint, seq): its end is the last release.
 LEFT JOIN LATERAL (
@@ -490,10 +497,15 @@ WITH per AS (
         max(ev.kind) FILTER (WHERE ev.is_last) AS last_kind,
         (array_agg(ev.turn_id) FILTER (WHERE ev.is_last))[1] AS last_turn,
         count(*) FILTER (WHERE ev.kind = 'turn_started') AS starts,
-        min(ev.id) FILTER (WHERE ev.broken) AS broken_id
+        min(ev.id) FILTER (WHERE ev.broken) AS broken_id,
+        min(ev.id) FILTER (WHERE ev.forbidden) AS forbidden_id
     FROM (
         SELECT e.ticket_id, e.id, e.kind, e.to_state, e.turn_id,
             e.from_state IS DISTINCT FROM COALESCE(lag(e.to_state) OVER o, '') AS broken,
+            -- The edge the event records, against the state machine the
+            -- database enforces on every write (tickets/machines.py).
+            NOT claimcheck_ticket_edge_ok(p_from => e.from_state, p_to => e.to_state)
+                AS forbidden,
             lead(e.id) OVER o IS NULL AS is_last
         FROM {event} e
         WHERE e.to_state <> '' {scope_ev}
@@ -510,7 +522,7 @@ WITH per AS (
     FROM {ticket} t
     LEFT JOIN per ON per.ticket_id = t.id
     WHERE (per.ticket_id IS NULL OR per.last_to <> t.state OR per.broken_id IS NOT NULL
-           OR per.starts > 1
+           OR per.forbidden_id IS NOT NULL OR per.starts > 1
            OR (t.state = 'succeeded' AND per.last_to = 'succeeded'
                AND per.last_turn IS DISTINCT FROM COALESCE(t.completed_by_turn_id, t.turn_id)))
           {scope_t}
@@ -518,6 +530,7 @@ WITH per AS (
 SELECT v.kind, v.ids, v.detail
 FROM flagged f
 LEFT JOIN {event} b ON b.id = f.broken_id
+LEFT JOIN {event} fb ON fb.id = f.forbidden_id
 LEFT JOIN LATERAL (
     SELECT p.to_state FROM {event} p
     WHERE p.ticket_id = f.id AND p.id < f.broken_id AND p.to_state <> ''
@@ -534,6 +547,10 @@ CROSS JOIN LATERAL (VALUES
      format('event %%s moves %%s -> %%s, but the previous transition ended in %%s',
             b.kind, COALESCE(NULLIF(b.from_state, ''), '(nothing)'), b.to_state,
             COALESCE(prev.to_state, '(nothing)'))),
+    (CASE WHEN f.forbidden_id IS NOT NULL THEN 'forbidden_edge' END,
+     jsonb_build_object('ticket', f.id, 'event', f.forbidden_id),
+     format('event %%s moves %%s -> %%s, an edge the ticket state machine does not have',
+            fb.kind, COALESCE(NULLIF(fb.from_state, ''), '(nothing)'), fb.to_state)),
     (CASE WHEN f.starts > 1 THEN 'replayed_ticket' END,
      jsonb_build_object('ticket', f.id),
      f.starts || ' turn_started events'),

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from core.times import iso
 from endpoints import runner_spec
-from endpoints.models import Endpoint, EndpointState
+from endpoints.models import Endpoint
 from endpoints.selectors import (
     pause_payload,
     requires_second_person,
@@ -23,6 +23,7 @@ from endpoints.selectors import (
     submitters_payload,
 )
 from tickets.models import TURN_ACTIVE_STATES, EndpointLock, Ticket, TicketState, Turn, TurnState
+from tickets.rules import EndpointMayStart
 from tickets.selectors import visible_tickets
 
 from .models import Worker, WorkerSlot
@@ -208,11 +209,9 @@ def workers_overview() -> dict[str, Any]:
     if turn_workers == 0 or free == 0:
         starved = sorted(
             set(
-                Ticket.objects.filter(
-                    state=TicketState.QUEUED,
-                    endpoint__state=EndpointState.AVAILABLE,
-                    endpoint__paused_at__isnull=True,
-                ).values_list("endpoint__address", flat=True)
+                Ticket.objects.alias(may_start=EndpointMayStart("endpoint__"))
+                .filter(state=TicketState.QUEUED, may_start=True)
+                .values_list("endpoint__address", flat=True)
             )
         )
     return {"workers": workers, "held_turns": held, "starved_endpoints": starved}

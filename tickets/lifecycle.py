@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 from django.db import transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from core import observe
@@ -115,7 +116,9 @@ def request_cancel(*, ticket_id: uuid.UUID, actor: str, reason: str = "") -> uui
                 kind="cancelled",
                 actor=actor,
                 detail=why,
-                error={"code": "cancelled", "detail": f"cancelled by {actor}"},
+                # One text for both ways a ticket is cancelled (the other:
+                # a running ticket's turn proven stopped, in the finish).
+                error=RawSQL("claimcheck_ticket_cancelled_error(p_actor => %s)", [actor]),
             )
             return None
         if ticket.state == TicketState.RUNNING:

@@ -18,9 +18,10 @@ delivery attempts, only when every one of its tickets:
 4. has no link (parent, re-run, callback, completing turn) to a ticket of
    another trace, in either direction.
 
-The deletion happens in ``claimcheck_prune_ledger``, a SECURITY DEFINER
-function created by migration ``tickets.0001_initial`` and owned by the
-owner role. The application role may EXECUTE it and nothing more: it still
+The deletion happens in ``claimcheck_prune_ledger``
+(tickets/sql/claimcheck_prune_ledger.sql), a SECURITY DEFINER function
+installed after migrate like every function of that folder and owned by
+the owner role. The application role may EXECUTE it and nothing more: it still
 has no DELETE or TRUNCATE on the append-only tables (events, delivery
 attempts), whose triggers stay enabled and let a DELETE through only inside
 that function (core/append_only.py). The function re-checks the rule
@@ -55,160 +56,6 @@ COUNTS = (
     "callbacks",
     "deliveries",
     "attempts",
-)
-
-
-def function_sql(schema: str) -> str:
-    """The function, for the migration (``schema``: where the tables live;
-    the function's search_path is pinned to it)."""
-    return f"""
-CREATE OR REPLACE FUNCTION claimcheck_prune_ledger(
-    cutoff timestamptz, max_traces integer, dry_run boolean, keep_history integer
-) RETURNS TABLE (
-    traces bigint, tickets bigint, events bigint, turns bigint, context_entries bigint,
-    callbacks bigint, deliveries bigint, attempts bigint
-)
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, {schema}, pg_temp
-AS $fn$
-DECLARE
-    trace_ids varchar[];
-    ticket_ids uuid[];
-    turn_ids uuid[];
-    delivery_ids uuid[];
-BEGIN
-    IF cutoff IS NULL OR cutoff > pg_catalog.now() - interval '1 day' THEN
-        RAISE EXCEPTION 'prune: the cutoff must be at least one day ago'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF max_traces IS NULL OR max_traces < 1 THEN
-        RAISE EXCEPTION 'prune: max_traces must be positive'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF keep_history IS NULL OR keep_history < 1 THEN
-        RAISE EXCEPTION 'prune: keep_history must be positive'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    -- The candidates, one trace at a time: the rule is a subplan per trace
-    -- (OFFSET 0 keeps the planner from turning it into an anti-join over
-    -- the whole ticket table), so a batch reads the tickets of the traces
-    -- it looks at and stops at max_traces. Each candidate's row is locked; a trace an admission is
-    -- joining right now (it holds the row: the trace's count) is skipped.
-    SELECT coalesce(array_agg(c.id), '{{}}') INTO trace_ids FROM (
-        SELECT tr.id FROM tickets_trace tr
-         WHERE tr.created_at < cutoff
-           AND NOT EXISTS (
-               SELECT 1 FROM tickets_ticket t
-                WHERE t.trace_id = tr.id
-                  AND (
-                      -- 1. finished before the cutoff, nothing still owed
-                      t.state NOT IN ('succeeded', 'failed', 'cancelled', 'orphaned')
-                      OR t.finished_at IS NULL OR t.finished_at >= cutoff
-                      OR t.obligation_state = 'open'
-                      OR t.callback_state = 'pending'
-                      OR EXISTS (SELECT 1 FROM tickets_delivery d
-                                  WHERE d.ticket_id = t.id AND d.next_attempt_at IS NOT NULL)
-                      -- 2. anything a recovery case points at
-                      OR EXISTS (SELECT 1 FROM recovery_recoverycase c WHERE c.ticket_id = t.id)
-                      OR EXISTS (SELECT 1 FROM recovery_recoverycase c
-                                   JOIN runtime_turn u ON u.id = c.turn_id
-                                  WHERE u.ticket_id = t.id)
-                      OR EXISTS (SELECT 1 FROM recovery_decision x WHERE x.rerun_ticket_id = t.id)
-                      -- 3. a live turn, a held lock, recent history
-                      OR EXISTS (SELECT 1 FROM runtime_turn u
-                                  WHERE u.ticket_id = t.id
-                                    AND u.state IN ('running', 'interrupting'))
-                      OR EXISTS (SELECT 1 FROM runtime_endpointlock l
-                                   JOIN runtime_turn u ON u.id = l.holder_id
-                                  WHERE u.ticket_id = t.id)
-                      OR EXISTS (
-                          SELECT 1 FROM runtime_contextentry ce
-                           WHERE ce.ticket_id = t.id
-                             AND ce.seq >= coalesce((
-                                 SELECT c2.seq FROM runtime_contextentry c2
-                                  WHERE c2.endpoint_id = ce.endpoint_id
-                                  ORDER BY c2.seq DESC OFFSET keep_history - 1 LIMIT 1), 0))
-                      -- 4. links to another trace, either way
-                      OR EXISTS (SELECT 1 FROM tickets_ticket y
-                                  WHERE y.id IN (t.parent_id, t.rerun_of_id, t.callback_for_id)
-                                    AND y.trace_id <> tr.id)
-                      OR EXISTS (SELECT 1 FROM tickets_ticket x
-                                  WHERE (x.parent_id = t.id OR x.rerun_of_id = t.id
-                                         OR x.callback_for_id = t.id)
-                                    AND x.trace_id <> tr.id)
-                      OR EXISTS (SELECT 1 FROM runtime_turn u
-                                   JOIN tickets_ticket y ON y.id = u.ticket_id
-                                  WHERE u.id = t.completed_by_turn_id AND y.trace_id <> tr.id)
-                  )
-                OFFSET 0
-           )
-         LIMIT max_traces
-         FOR UPDATE SKIP LOCKED
-    ) c;
-    -- A ticket that joined a candidate after this statement's snapshot and
-    -- before its lock (it committed in between) is not terminal: its trace
-    -- stays.
-    trace_ids := ARRAY(
-        SELECT x FROM pg_catalog.unnest(trace_ids) x
-         WHERE NOT EXISTS (
-             SELECT 1 FROM tickets_ticket t
-              WHERE t.trace_id = x
-                AND (t.state NOT IN ('succeeded', 'failed', 'cancelled', 'orphaned')
-                     OR t.finished_at IS NULL OR t.finished_at >= cutoff)));
-
-    SELECT coalesce(array_agg(t.id), '{{}}') INTO ticket_ids
-      FROM tickets_ticket t WHERE t.trace_id = ANY(trace_ids);
-    SELECT coalesce(array_agg(u.id), '{{}}') INTO turn_ids
-      FROM runtime_turn u WHERE u.ticket_id = ANY(ticket_ids);
-    SELECT coalesce(array_agg(d.id), '{{}}') INTO delivery_ids
-      FROM tickets_delivery d WHERE d.ticket_id = ANY(ticket_ids);
-
-    traces := pg_catalog.cardinality(trace_ids);
-    tickets := pg_catalog.cardinality(ticket_ids);
-    turns := pg_catalog.cardinality(turn_ids);
-    deliveries := pg_catalog.cardinality(delivery_ids);
-    IF dry_run THEN
-        SELECT count(*) INTO events FROM tickets_ticketevent e WHERE e.ticket_id = ANY(ticket_ids);
-        SELECT count(*) INTO context_entries FROM runtime_contextentry ce
-         WHERE ce.ticket_id = ANY(ticket_ids) OR ce.turn_id = ANY(turn_ids);
-        SELECT count(*) INTO callbacks FROM tickets_callback cb
-         WHERE cb.source_id = ANY(ticket_ids) OR cb.ticket_id = ANY(ticket_ids);
-        SELECT count(*) INTO attempts FROM tickets_deliveryattempt a
-         WHERE a.delivery_id = ANY(delivery_ids);
-        RETURN NEXT;
-        RETURN;
-    END IF;
-
-    -- The append-only triggers let these DELETEs through: this transaction,
-    -- this function's owner (core/append_only.py).
-    PERFORM pg_catalog.set_config('claimcheck.pruning', 'on', true);
-    DELETE FROM tickets_deliveryattempt a WHERE a.delivery_id = ANY(delivery_ids);
-    GET DIAGNOSTICS attempts = ROW_COUNT;
-    DELETE FROM tickets_delivery d WHERE d.id = ANY(delivery_ids);
-    DELETE FROM tickets_callback cb
-     WHERE cb.source_id = ANY(ticket_ids) OR cb.ticket_id = ANY(ticket_ids);
-    GET DIAGNOSTICS callbacks = ROW_COUNT;
-    DELETE FROM tickets_ticketevent e WHERE e.ticket_id = ANY(ticket_ids);
-    GET DIAGNOSTICS events = ROW_COUNT;
-    DELETE FROM runtime_contextentry ce
-     WHERE ce.ticket_id = ANY(ticket_ids) OR ce.turn_id = ANY(turn_ids);
-    GET DIAGNOSTICS context_entries = ROW_COUNT;
-    -- Tickets and turns point at each other; the foreign keys are checked
-    -- at commit (DEFERRABLE INITIALLY DEFERRED), when both are gone.
-    DELETE FROM tickets_ticket t WHERE t.id = ANY(ticket_ids);
-    DELETE FROM runtime_turn u WHERE u.id = ANY(turn_ids);
-    DELETE FROM tickets_trace tr WHERE tr.id = ANY(trace_ids);
-    PERFORM pg_catalog.set_config('claimcheck.pruning', 'off', true);
-    RETURN NEXT;
-END;
-$fn$;
-REVOKE ALL ON FUNCTION claimcheck_prune_ledger(timestamptz, integer, boolean, integer) FROM PUBLIC;
-"""
-
-
-DROP_SQL = (
-    "DROP FUNCTION IF EXISTS claimcheck_prune_ledger(timestamptz, integer, boolean, integer);"
 )
 
 

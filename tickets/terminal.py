@@ -12,12 +12,16 @@ import uuid
 from . import callbacks, delivery
 from .events import update_fields
 from .models import CallbackState, ObligationState, Ticket, TicketState
+from .rules import RootLike
 
 
 def context(ticket_id: uuid.UUID) -> tuple[Ticket, uuid.UUID | None]:
-    """The ticket that just became terminal, and the re-run that supersedes
-    it, if any."""
-    ticket = Ticket.objects.select_related("endpoint").get(id=ticket_id)
+    """The ticket that just became terminal (with ``root_like``: the rule is
+    the database's, tickets/rules.py), and the re-run that supersedes it, if
+    any."""
+    ticket = (
+        Ticket.objects.select_related("endpoint").annotate(root_like=RootLike()).get(id=ticket_id)
+    )
     # Only an orphaned ticket can have been superseded by a re-run (admitted
     # in the same decision, before this transition).
     rerun = (
@@ -28,20 +32,13 @@ def context(ticket_id: uuid.UUID) -> tuple[Ticket, uuid.UUID | None]:
     return ticket, rerun
 
 
-def _root_like(ticket: Ticket) -> bool:
-    """A root ticket, or a re-run that carries its original's obligation."""
-    return ticket.parent_id is None or (
-        ticket.rerun_of_id is not None and ticket.obligation_state != ObligationState.NONE
-    )
-
-
 def open_delivery(ticket: Ticket, rerun: uuid.UUID | None) -> dict[str, str] | None:
     """The delivery of a root ticket (or of a re-run, which answers its
     original's requester), opened in the terminal transition's transaction so
     it is never lost; what the terminal event records of it, or None when it
     opens none (a child; an original superseded by a re-run, whose
     obligation passes to the re-run; a delivery already open)."""
-    if rerun is not None or not _root_like(ticket):
+    if rerun is not None or not ticket.root_like:
         return None
     return delivery.on_root_terminal(ticket=ticket)[1]
 
@@ -64,7 +61,7 @@ def on_terminal(ticket: Ticket, rerun: uuid.UUID | None) -> None:
                 detail={"rerun": str(rerun)},
                 callback_state=CallbackState.NONE,
             )
-    if rerun is not None and _root_like(ticket) and ticket.obligation_state == ObligationState.OPEN:
+    if rerun is not None and ticket.root_like and ticket.obligation_state == ObligationState.OPEN:
         update_fields(
             ticket_id=ticket_id,
             kind="obligation_passed",

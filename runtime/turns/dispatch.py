@@ -22,8 +22,8 @@ from core.dispatch import (
 from core.sqlfunctions import call_cursor
 from core.transient import TRANSIENT_DB_ERRORS
 from core.wakes import wake
-from endpoints.models import EndpointState
 from tickets.models import EndpointLock, Ticket, TicketState, Turn
+from tickets.rules import EndpointMayStart
 from tickets.turns import lock as lock_calls
 
 from ..models import Worker
@@ -125,7 +125,8 @@ free AS (
     SELECT l.endpoint_id FROM runtime_endpointlock l
     JOIN endpoints_endpoint e ON e.id = l.endpoint_id
     WHERE l.endpoint_id IN (SELECT endpoint_id FROM waiting WHERE endpoint_id IS NOT NULL)
-      AND l.holder_id IS NULL AND e.state = 'available' AND e.paused_at IS NULL
+      AND l.holder_id IS NULL
+      AND claimcheck_endpoint_may_start(p_state => e.state, p_paused_at => e.paused_at)
       AND (SELECT t.needs_dispatch FROM tickets_ticket t
            WHERE t.endpoint_id = l.endpoint_id AND t.state = 'queued'
            ORDER BY t.endpoint_id, t.id LIMIT 1)
@@ -217,11 +218,11 @@ def sweep_lost_dispatches() -> list[uuid.UUID]:
     with sweep_lock("dispatch") as mine:
         if not mine:
             return []
-        free = EndpointLock.objects.filter(
-            holder__isnull=True,
-            endpoint__state=EndpointState.AVAILABLE,
-            endpoint__paused_at__isnull=True,
-        ).values_list("endpoint_id", flat=True)
+        free = (
+            EndpointLock.objects.alias(may_start=EndpointMayStart("endpoint__"))
+            .filter(holder__isnull=True, may_start=True)
+            .values_list("endpoint_id", flat=True)
+        )
         for endpoint_id in free:
             oldest = (
                 Ticket.objects.filter(endpoint_id=endpoint_id, state=TicketState.QUEUED)

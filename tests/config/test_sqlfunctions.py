@@ -200,3 +200,37 @@ def test_a_prepared_call_runs_the_function_a_migrate_replaced(settings):
             assert call() == 11
         finally:
             owner.execute("DROP FUNCTION IF EXISTS claimcheck_probe(integer)")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_first_post_migrate_installs_every_folder_in_one_transaction(
+    owner, tmp_path, monkeypatch
+):
+    """A function of one app's folder calls another's (the finish calls the
+    ledger's rules): a running release must never see the caller replaced
+    before its callee exists, so the folders are installed together, or
+    not at all."""
+    first, second = tmp_path / "first" / "sql", tmp_path / "second" / "sql"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    (first / "claimcheck_probe.sql").write_text(
+        "CREATE OR REPLACE FUNCTION claimcheck_probe(p integer) RETURNS integer\n"
+        "LANGUAGE plpgsql AS $$ BEGIN RETURN claimcheck_probe_v2(p => p); END $$;\n"
+    )
+    (second / "claimcheck_probe_v2.sql").write_text("SELECT 1;\n")  # creates nothing
+    monkeypatch.setattr(sqlfunctions, "_FOLDERS", [])
+    receiver = sqlfunctions.installer(first, label="first")
+    sqlfunctions.installer(second, label="second")
+    with pytest.raises(RuntimeError, match="must create exactly one function"):
+        receiver(sender=None, using="default", plan=[], apps=None)
+    assert _installed("claimcheck_probe") == []  # the first folder's undone too
+
+    (second / "claimcheck_probe_v2.sql").write_text(
+        _fn("p * 10").replace("claimcheck_probe(", "claimcheck_probe_v2(")
+    )
+    receiver(sender=None, using="default", plan=[], apps=None)
+    try:
+        assert _call(owner, "SELECT claimcheck_probe(p => 2)") == 20
+    finally:
+        with owner.cursor() as cur:
+            cur.execute("DROP FUNCTION claimcheck_probe_v2(integer)")

@@ -17,7 +17,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from health.models import SweepRun
@@ -43,6 +43,19 @@ def corrupt(sql: str, params: list | None = None) -> None:
     """Raw SQL as the superuser: fabricated corruption, never a service path."""
     with connection.cursor() as cur:
         cur.execute(sql, params or [])
+
+
+def forge_transition(ticket_id: uuid.UUID, from_state: str, to_state: str) -> int:
+    """A forged transition event (the ticket row is left as it is: the
+    database refuses a forbidden change of it); the event's id."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """INSERT INTO tickets_ticketevent (ticket_id, kind, from_state, to_state, actor,
+                   detail, at)
+               VALUES (%s, 'forged', %s, %s, 'forged', '{}', now()) RETURNING id""",
+            [ticket_id, from_state, to_state],
+        )
+        return cur.fetchone()[0]
 
 
 def finish(ticket_id: uuid.UUID, outcome: Outcome | None = None) -> Turn:
@@ -94,7 +107,7 @@ def test_a_ledger_written_by_the_services_passes(ledger, quarantine):
 @pytest.mark.django_db
 def test_json_output_lists_each_violation_with_kind_and_ids(ledger):
     t1 = ledger["tickets"][0]
-    corrupt("UPDATE tickets_ticket SET state = 'failed' WHERE id = %s", [t1.id])
+    forge_transition(t1.id, "succeeded", "failed")
     out = StringIO()
     with pytest.raises(CommandError) as failed:
         call_command("audit_ledger", "--json", stdout=out)
@@ -110,7 +123,7 @@ def test_json_output_lists_each_violation_with_kind_and_ids(ledger):
 @pytest.mark.django_db
 def test_since_leaves_out_older_records(ledger):
     t1 = ledger["tickets"][0]
-    corrupt("UPDATE tickets_ticket SET state = 'failed' WHERE id = %s", [t1.id])
+    forge_transition(t1.id, "succeeded", "failed")
     assert run_audit("--since", "1h")[0] == 1
     later = (timezone.now() + timedelta(minutes=5)).isoformat()
     status, out = run_audit("--since", later)
@@ -541,20 +554,45 @@ def test_a_queued_ticket_behind_a_recent_release_is_not_stranded(make_endpoint, 
 @pytest.mark.django_db
 def test_a_state_that_disagrees_with_the_last_event_is_named(ledger):
     t2 = ledger["tickets"][1]
-    corrupt("UPDATE tickets_ticket SET state = 'cancelled' WHERE id = %s", [t2.id])
+    # The ticket row stays succeeded (the database refuses succeeded ->
+    # cancelled, test_the_database_refuses_the_forbidden_edge_itself); a
+    # forged event says it was cancelled.
+    forge_transition(t2.id, "succeeded", "cancelled")
     status, out = run_audit()
     assert status == 1
     assert names(out, "event_state_mismatch", t2.id), out
 
 
 @pytest.mark.django_db
+def test_an_event_recording_a_forbidden_edge_is_named(ledger):
+    t1, t2 = ledger["tickets"][0], ledger["tickets"][1]
+    # Its chain is unbroken and ends in the ticket's state; only the edge is
+    # not one of the state machine's: succeeded -> running -> succeeded.
+    forged = [forge_transition(t1.id, "succeeded", "running")]
+    forged.append(forge_transition(t1.id, "running", "succeeded"))
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "forbidden_edge", t1.id, forged[0]), out
+    assert "succeeded -> running, an edge the ticket state machine does not have" in out
+    assert not names(out, "forbidden_edge", forged[1]), out  # running -> succeeded is one
+    assert not names(out, "event_state_mismatch", t1.id), out
+    assert not names(out, "forbidden_edge", t2.id), out
+
+
+@pytest.mark.django_db
+def test_the_database_refuses_the_forbidden_edge_itself(ledger):
+    t2 = ledger["tickets"][1]
+    refused = pytest.raises(IntegrityError, match="no edge succeeded -> cancelled")
+    with refused, transaction.atomic():
+        corrupt("UPDATE tickets_ticket SET state = 'cancelled' WHERE id = %s", [t2.id])
+
+
+@pytest.mark.django_db
 def test_a_violation_count_past_the_limit_is_counted_not_listed(make_endpoint):
     make_endpoint("audit.many")
     tickets = [admit("audit.many", i) for i in range(5)]
-    corrupt(
-        "UPDATE tickets_ticket SET state = 'failed' WHERE id = ANY(%s)",
-        [[t.id for t in tickets]],
-    )
+    for t in tickets:  # an allowed edge, which the queued tickets never took
+        forge_transition(t.id, "queued", "running")
     report = audit_ledger(limit=2)
     assert report.counts == {"event_state_mismatch": 5}
     assert len(report.violations) == 2

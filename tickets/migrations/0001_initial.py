@@ -14,10 +14,6 @@ they were then, a fresh one from here; both are the same schema
   code never name the lock);
 - the append-only triggers of events and delivery attempts
   (core/append_only.py);
-- ``claimcheck_prune_ledger`` (tickets/retention.py): retention's one
-  privileged path, a SECURITY DEFINER function owned by the migrating
-  (owner) role; the application role is granted EXECUTE after migrate
-  (core/db_roles.py);
 - the GIN indexes (jsonb_path_ops) of the ticket's input and result, for
   the search by key and value (tickets/search.py):
   ``input @> '{"customer": 42}'``;
@@ -40,9 +36,12 @@ they were then, a fresh one from here; both are the same schema
   partial: children have no delivery, and "delivered" (most finished roots)
   is common enough that walking the primary key finds a page of it at once.
 
-The transition functions (admission, a turn's start and finish, the lock's
-release, the next ticket, a delivery's opening) are in
-tickets/sql/, installed after every migrate (core/sqlfunctions.py)."""
+The functions (admission, a turn's start and finish, the lock's release,
+the next ticket, a delivery's opening, the prune: retention's one
+privileged path, a SECURITY DEFINER function owned by the migrating owner
+role) are in tickets/sql/, installed after every migrate
+(core/sqlfunctions.py); no migration imports an app's code, so a fresh
+database and an upgraded one get the same text."""
 
 import core.ids
 import django.contrib.postgres.indexes
@@ -51,7 +50,6 @@ from django.conf import settings
 from django.db import migrations, models
 
 from core.append_only import AppendOnly
-from tickets.retention import DROP_SQL, function_sql
 
 LOCK_ROW_SQL = """
 CREATE FUNCTION claimcheck_endpoint_lock_row() RETURNS trigger AS $$
@@ -119,17 +117,6 @@ def _fill_event_index_pages(apps, schema_editor):
 def _reset_event_index_pages(apps, schema_editor):
     for name in EVENT_INDEXES:
         schema_editor.execute(f"ALTER INDEX {name} RESET (fillfactor)")
-
-
-def _prune_function(apps, schema_editor):
-    with schema_editor.connection.cursor() as cur:
-        cur.execute("SELECT pg_catalog.current_schema()")
-        schema = schema_editor.connection.ops.quote_name(cur.fetchone()[0])
-    schema_editor.execute(function_sql(schema), params=None)
-
-
-def _drop_prune_function(apps, schema_editor):
-    schema_editor.execute(DROP_SQL, params=None)
 
 
 class Migration(migrations.Migration):
@@ -451,7 +438,6 @@ class Migration(migrations.Migration):
         # TRUNCATE refused (core/append_only.py).
         AppendOnly("tickets_ticketevent", "tickets_deliveryattempt"),
         migrations.RunPython(_fill_event_index_pages, _reset_event_index_pages),
-        migrations.RunPython(_prune_function, _drop_prune_function),
         *[
             migrations.RunSQL(
                 f"CREATE INDEX {name} ON tickets_ticket {spec}", f"DROP INDEX {name}"

@@ -34,7 +34,8 @@ ep AS (
       -- Paused: nothing new starts. A pause committed while this statement
       -- waited for the row is seen here (an UPDATE re-tests its row's latest
       -- version): the start or the pause, one of them first, never both.
-      AND e.state = 'available' AND e.paused_at IS NULL AND EXISTS (SELECT 1 FROM tk)
+      AND claimcheck_endpoint_may_start(p_state => e.state, p_paused_at => e.paused_at)
+      AND EXISTS (SELECT 1 FROM tk)
     -- The clock is read once the lock row is ours: the turn lies inside its tenure.
     RETURNING e AS row, e.id, e.turn_seq, e.runner, e.turn_budget_s, clock_timestamp() AS now
 ),

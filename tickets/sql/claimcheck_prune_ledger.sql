@@ -1,15 +1,11 @@
-# A lean admission (claimcheck_admit_v2, tickets/sql/): a root that opens a
-# trace of its own writes no trace row until a second ticket joins the trace.
-#
-# The prune's unit stays the trace; its candidates are the trace rows and,
-# now, the traces a root opened alone (no row), by the same rule. Its text is
-# frozen here (a migration reads no application code), replacing the one
-# migration 0001 created; the previous release's admissions (which write a
-# row for every ticket) leave nothing this function misses.
-
-from django.db import migrations
-
-PRUNE_SQL = r"""
+-- The prune's unit is the trace; its candidates are the trace rows and the
+-- traces a root opened alone (a lean admission writes no trace row until a
+-- second ticket joins: claimcheck_admit_v2), by the same rule.
+-- Retention's one privileged path (tickets/retention.py): a SECURITY
+-- DEFINER function owned by the owner role that installs it; the
+-- application role may EXECUTE it (core/db_roles.py) and nothing more. The
+-- rule is re-checked here; the caller chooses only the cutoff (at least a
+-- day ago) and the batch size.
 CREATE OR REPLACE FUNCTION claimcheck_prune_ledger(
     cutoff timestamptz, max_traces integer, dry_run boolean, keep_history integer
 ) RETURNS TABLE (
@@ -17,7 +13,6 @@ CREATE OR REPLACE FUNCTION claimcheck_prune_ledger(
     callbacks bigint, deliveries bigint, attempts bigint
 )
 LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, __SCHEMA__, pg_temp
 AS $fn$
 DECLARE
     trace_ids varchar[];
@@ -217,33 +212,14 @@ BEGIN
     RETURN NEXT;
 END;
 $fn$;
+-- Its search_path pinned to the schema it was installed in, pg_catalog
+-- first and pg_temp last: a caller's temporary objects never stand in for
+-- the ledger's.
+DO $do$
+BEGIN
+    EXECUTE pg_catalog.format(
+        'ALTER FUNCTION claimcheck_prune_ledger(timestamptz, integer, boolean, integer) '
+        'SET search_path = pg_catalog, %I, pg_temp', pg_catalog.current_schema());
+END
+$do$;
 REVOKE ALL ON FUNCTION claimcheck_prune_ledger(timestamptz, integer, boolean, integer) FROM PUBLIC;
-"""
-
-
-def _prune_function(apps, schema_editor):
-    with schema_editor.connection.cursor() as cur:
-        cur.execute("SELECT pg_catalog.current_schema()")
-        schema = schema_editor.connection.ops.quote_name(cur.fetchone()[0])
-    schema_editor.execute(PRUNE_SQL.replace("__SCHEMA__", schema), params=None)
-
-
-def _previous_prune_function(apps, schema_editor):
-    # The text 0001 created (reversing to a release that never wrote a
-    # trace without its row).
-    from tickets.retention import function_sql
-
-    with schema_editor.connection.cursor() as cur:
-        cur.execute("SELECT pg_catalog.current_schema()")
-        schema = schema_editor.connection.ops.quote_name(cur.fetchone()[0])
-    schema_editor.execute(function_sql(schema), params=None)
-
-
-class Migration(migrations.Migration):
-    dependencies = [
-        ("tickets", "0007_ledger_owns_turns"),
-    ]
-
-    operations = [
-        migrations.RunPython(_prune_function, _previous_prune_function),
-    ]

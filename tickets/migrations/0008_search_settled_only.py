@@ -79,7 +79,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("tickets", "0008_lean_admission"),
+        ("tickets", "0007_ledger_owns_turns"),
     ]
 
     operations = [
