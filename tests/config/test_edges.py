@@ -12,11 +12,10 @@ from django.db import IntegrityError, connection, transaction
 
 from config.management.commands.generate_edges import MACHINES, stale
 from runtime import turns as runtime
-from runtime.models import Turn, TurnState
 from runtime.runners import Outcome
 from tickets.admission import admit_ticket
 from tickets.machines import TURN_EDGES
-from tickets.models import TICKET_EDGES, Ticket, TicketState
+from tickets.models import TICKET_EDGES, Ticket, TicketState, Turn, TurnState
 
 
 def test_the_generated_files_are_what_the_python_edges_give():

@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _project_apps() -> set[str]:
-    return {
-        config.name.split(".")[0]
-        for config in apps.get_app_configs()
-        if Path(config.path).resolve().is_relative_to(ROOT)
-    }
+    # The repository's own packages: a virtualenv inside the checkout
+    # (.venv/, as `make install` makes it) holds Django's, which are not.
+    found = set()
+    for config in apps.get_app_configs():
+        path = Path(config.path).resolve()
+        if path.is_relative_to(ROOT) and not path.relative_to(ROOT).parts[0].startswith("."):
+            found.add(config.name.split(".")[0])
+    return found
 
 
 def _imports(path: Path) -> list[str]:

@@ -12,10 +12,9 @@ import pytest
 from django.db import connection, transaction
 
 from runtime import turns as runtime
-from runtime.models import EndpointLock, Turn
 from runtime.runners import Outcome
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import EndpointLock, Ticket, TicketEvent, Turn
 
 pytestmark = pytest.mark.django_db
 
