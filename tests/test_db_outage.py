@@ -34,6 +34,9 @@ from tests.conftest import Processes, purge_broker, wait_for
 
 pytestmark = [
     pytest.mark.integration,
+    # A private cluster, its migration and gunicorn before the first test:
+    # minutes on a loaded machine, past the suite's 300 s per test.
+    pytest.mark.timeout(900),
     pytest.mark.skipif(not pgcluster.available(), reason="PostgreSQL server binaries needed"),
 ]
 

@@ -66,7 +66,9 @@ def is_csp_violation(text: str) -> bool:
 @pytest.fixture
 def page(browser, live_server):
     context = browser.new_context(viewport={"width": 1440, "height": 1000})
-    context.set_default_timeout(10_000)
+    # Actions and navigations wait for the page: a loaded machine takes
+    # more than 10 s to answer one now and then.
+    context.set_default_timeout(30_000)
     context.add_init_script(CSP_REPORTER)
     # The console and the API docs work offline: nothing may be fetched from
     # anywhere but the app itself.

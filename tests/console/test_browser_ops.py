@@ -299,7 +299,7 @@ def axe_page(browser, live_server):
     """A page whose CSP is bypassed: axe-core sets inline styles while it
     measures contrast (the CSP itself is checked by every other test)."""
     context = browser.new_context(viewport={"width": 1440, "height": 1000}, bypass_csp=True)
-    context.set_default_timeout(10_000)
+    context.set_default_timeout(30_000)
     yield context.new_page()
     context.close()
     release_live_watches()
