@@ -56,6 +56,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_configure(config):
     cpu_usage.pytest_configure(config)
+    # pytest-xdist's loadfile scheduler hands out files in the order the
+    # collection has them only without its own reordering, which is on by
+    # default and sorts files by their number of tests: the few-test long
+    # files (the fault suite, the schema fuzz, make run's test) went last,
+    # and one worker ran them alone while the others had finished.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         raise pytest.UsageError(
             "the test suite runs against PostgreSQL: use `make test` or set DATABASE_URL"

@@ -40,7 +40,9 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.conftest import purge_broker
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+# Bound by CPU (every operation, both modes): on a loaded machine it
+# outlasts the suite's 300 s per test.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
 
 EXAMPLES = int(os.environ.get("SCHEMA_FUZZ_EXAMPLES", "15"))
 # Error statuses the routes answer (API.md's table) but do not declare yet.

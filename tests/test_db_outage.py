@@ -34,6 +34,9 @@ from tests.faults.cluster import PrivatePostgres, available
 
 pytestmark = [
     pytest.mark.integration,
+    # A private cluster, its migration and gunicorn before the first test:
+    # minutes on a loaded machine, past the suite's 300 s per test.
+    pytest.mark.timeout(900),
     pytest.mark.skipif(not available(), reason="PostgreSQL server binaries needed"),
 ]
 

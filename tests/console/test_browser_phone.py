@@ -94,7 +94,7 @@ def phone(browser, live_server):
     context = browser.new_context(
         viewport=PHONE, is_mobile=True, has_touch=True, device_scale_factor=2
     )
-    context.set_default_timeout(10_000)
+    context.set_default_timeout(30_000)
     context.add_init_script(CSP_REPORTER)
     page = context.new_page()
     violations: list[str] = []
@@ -109,7 +109,7 @@ def phone(browser, live_server):
 def phone_axe(browser, live_server):
     """A phone's page whose CSP is bypassed: axe-core sets inline styles."""
     context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True, bypass_csp=True)
-    context.set_default_timeout(10_000)
+    context.set_default_timeout(30_000)
     yield context.new_page()
     context.close()
     release_live_watches()

@@ -40,7 +40,7 @@ def test_a_held_slot_a_starved_endpoint_and_a_lost_worker_are_shown(
     settings.WORKER_LOST_AFTER_S = 3
     celery_procs.control_and_beat()
     celery_procs.worker("turns", queues="turns", concurrency=1)
-    wait_for(lambda: _turns_worker(api), timeout=20, message="the turns worker to register")
+    wait_for(lambda: _turns_worker(api), timeout=60, message="the turns worker to register")
     w = _turns_worker(api)
     assert w["status"] == "alive" and w["pool_size"] == 1 and w["queues"] == ["turns"]
 
@@ -91,7 +91,7 @@ def test_isolated_turns_run_in_the_slots_warm_process_shown_beside_the_slot(
 
     celery_procs.control_and_beat()
     celery_procs.worker("turns", queues="turns", concurrency=1)
-    wait_for(lambda: _turns_worker(api), timeout=20, message="the turns worker to register")
+    wait_for(lambda: _turns_worker(api), timeout=60, message="the turns worker to register")
     make_endpoint("warm.where", path="tests.endpoints.warm_runners.where")
     make_endpoint("warm.nap", path="runtime.demo.sleep")
     make_endpoint(
