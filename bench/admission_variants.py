@@ -7,7 +7,7 @@ decisions of docs/explanation/scale.md, "What an admission writes").
         [--from-git REV]
 
 The variants are made from ``claimcheck_admit`` as a tree installed it
-(``--from-git``: the file ``tickets/sql/claimcheck_admit.sql`` of that
+(``--from-git``: the old admission's file, ``claimcheck_admit.sql`` under ``tickets/sql/``, of that
 revision, installed in the scratch database first: the one-function shape
 before claimcheck_admit_v2, e.g. ``--from-git 2a9189c``), each differing
 from it by one thing:
@@ -41,6 +41,9 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench import benchlib, concurrency  # noqa: E402
+
+# The previous admission's file, read from an older revision with `git show`.
+OLD_ADMIT_FILE = "/".join(("tickets", "sql", "claimcheck_admit.sql"))
 
 GIN = ("ticket_input_search_idx", "ticket_result_search_idx", "ticket_search_scoped_idx")
 
@@ -155,7 +158,7 @@ def main() -> None:
         if args.from_git:
             db.execute(
                 subprocess.run(
-                    ["git", "show", f"{args.from_git}:tickets/sql/claimcheck_admit.sql"],
+                    ["git", "show", f"{args.from_git}:" + OLD_ADMIT_FILE],
                     capture_output=True,
                     text=True,
                     check=True,

@@ -1,8 +1,8 @@
 """The admission floor's statement: one CTE that inserts a root ticket, its
 event and its trace row (``INSERT ... ON CONFLICT DO NOTHING``) or returns the
 ticket already holding the key, whole. It was the application's admission
-fast path until admission became one function (``claimcheck_admit``,
-tickets/sql/claimcheck_admit.sql); the benchmarks keep it, as it
+fast path until admission became one function (``claimcheck_admit``, now
+tickets/sql/claimcheck_admit_v2.sql); the benchmarks keep it, as it
 was, as the least a one-statement admission can cost, so ratios stay
 comparable across that change."""
 

@@ -412,7 +412,7 @@ class TicketEvent(models.Model):
 class Trace(models.Model):
     """Counts the tickets of a trace for the circuit breaker: all of them
     (``tickets``), and per party (``parties``: ``{submitter id or "-": n}``),
-    which the hard limit applies to (tickets/sql/claimcheck_admit.sql)."""
+    which the hard limit applies to (tickets/sql/claimcheck_admit_breaker.sql)."""
 
     id = models.CharField(max_length=64, primary_key=True)
     tickets = models.PositiveIntegerField(default=0)
@@ -424,7 +424,7 @@ class Trace(models.Model):
     # None: none), what its agent turns spent so far, and when it crossed
     # the soft and the hard limit (tickets/budgets.py). Set once the hard
     # one is crossed, ``exhausted_at`` refuses every admission in the trace
-    # (tickets/sql/claimcheck_admit.sql). Constant defaults: no rewrite.
+    # (tickets/sql/claimcheck_admit_breaker.sql). Constant defaults: no rewrite.
     budget = models.JSONField(null=True, blank=True)
     spent_tokens = models.BigIntegerField(default=0, db_default=0)
     spent_cost = models.DecimalField(max_digits=20, decimal_places=6, default=0, db_default=0)

@@ -53,10 +53,9 @@ def test_no_migration_imports_an_apps_code():
 
 
 def test_the_check_sees_such_an_import(tmp_path):
-    (tmp_path / "tickets" / "migrations").mkdir(parents=True)
-    (tmp_path / "tickets" / "migrations" / "0009_x.py").write_text(
+    planted = Path("tickets", "migrations", "0099_planted.py")  # in tmp_path only
+    (tmp_path / planted).parent.mkdir(parents=True)
+    (tmp_path / planted).write_text(
         "from django.db import migrations\nfrom tickets.retention import prune\n"
     )
-    assert offending(tmp_path, {"tickets"}) == [
-        "tickets/migrations/0009_x.py imports tickets.retention"
-    ]
+    assert offending(tmp_path, {"tickets"}) == [f"{planted} imports tickets.retention"]

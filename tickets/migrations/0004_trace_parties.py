@@ -1,4 +1,4 @@
-# A trace's breaker counts per party (tickets/sql/claimcheck_admit.sql): the
+# A trace's breaker counts per party (tickets/sql/claimcheck_admit_v2.sql): the
 # counts live beside the trace's total. A constant default: no table rewrite.
 
 from django.db import migrations, models
