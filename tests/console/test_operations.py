@@ -5,6 +5,7 @@ owner)."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -53,9 +54,14 @@ def test_a_search_by_tail_reads_the_id_tail_index():
             found, _ = find_tickets(user=world.users["owner"], q=tail)
         assert [t.id for t in found] == [root.id]
         (sql,) = [q["sql"] for q in queries.captured_queries if "reverse(" in q["sql"]]
+        # The selector's own predicate on the tail, alone: with the caller's
+        # scope beside it the planner may rightly start from the scope's
+        # indexes on a small ledger, so the whole query's plan proves
+        # nothing about the expression; alone, only the tail index serves it.
+        (tail,) = re.findall(r"reverse\(right\([^)]*\)\) LIKE '[^']*'", sql)
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("SET LOCAL enable_seqscan = off")
-            cur.execute(f"EXPLAIN {sql}")
+            cur.execute(f"EXPLAIN SELECT 1 FROM tickets_ticket WHERE {tail}")
             plan = "\n".join(row[0] for row in cur.fetchall())
         assert "ticket_id_tail_idx" in plan, plan
 
