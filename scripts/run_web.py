@@ -1,12 +1,12 @@
-"""`make run`'s web process (supervisord starts it, scripts/run.py writes
-its configuration): gunicorn with the production configuration
-(deploy/gunicorn.conf.py), sized by scripts/run.py's ``WEB_CONCURRENCY``
-and ``GUNICORN_THREADS``. It loads Django, the apps and the URL conf while
-the servers start and migrate runs, then serves once the file named by its
-second argument exists (scripts/run.py creates it after the seed; started
-again later, it finds it at once): the loaded application is gunicorn's
-preloaded app, which its processes inherit, so its import, seconds on a
-busy machine, is off the way to the first page."""
+"""`make run`'s web process (supervisord starts it, scripts/supervisord.conf):
+gunicorn with the production configuration (deploy/gunicorn.conf.py), sized
+by scripts/run.py's ``WEB_CONCURRENCY`` and ``GUNICORN_THREADS``. It loads
+Django, the apps and the URL conf while the servers start and migrate runs,
+then serves once the file named by its second argument exists
+(scripts/run_start.py creates it after the seed; started again later, it
+finds it at once): the loaded application is gunicorn's preloaded app,
+which its processes inherit, so its import, seconds on a busy machine, is
+off the way to the first page."""
 
 from __future__ import annotations
 

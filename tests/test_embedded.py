@@ -1,5 +1,6 @@
 """The embedded default: what `make run` starts with no DATABASE_URL or
-CELERY_BROKER_URL (scripts/run.py, supervisord with scripts/supervisord.conf).
+CELERY_BROKER_URL (scripts/run.py, supervisord with scripts/supervisord.conf,
+scripts/run_start.py).
 The real supervisor, the real servers from their wheels and the real
 processes, in a var/ of the test's own."""
 
@@ -224,6 +225,30 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
             timeout=30,
             message="every process gone with its supervisor",
         )
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+            sup.wait()
+        for leftover in _processes_under(var):
+            os.kill(int(leftover.split(":")[0]), signal.SIGKILL)
+        reader.join(timeout=5)
+        sup.stdout.close()
+        shutil.rmtree(var.parent, ignore_errors=True)
+
+
+def test_a_start_that_fails_stops_everything():
+    # Its migrate cannot reach the database it is given: scripts/run_start.py
+    # exits 1, and what supervisord started (Redis, the web) stops with it,
+    # exit code 1: never half a stack.
+    var = Path(tempfile.mkdtemp(prefix="cc-embedded-")) / "var"
+    var.parent.chmod(0o755)
+    nowhere = f"postgres://claimcheck_owner@127.0.0.1:{_free_port()}/claimcheck"
+    sup, lines, reader = _start(var, _free_port(), DATABASE_URL=nowhere)
+    try:
+        assert sup.wait(timeout=120) == 1, "".join(lines)
+        reader.join(timeout=5)
+        assert "stopping (the start failed (exit code 1))" in "".join(lines), "".join(lines)
+        assert not _processes_under(var), _processes_under(var)
     finally:
         if sup.poll() is None:
             os.killpg(sup.pid, signal.SIGKILL)

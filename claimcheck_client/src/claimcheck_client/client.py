@@ -204,48 +204,29 @@ class Client:
         with ``Last-Event-ID`` (dropped connections count against
         ``retries`` until a step arrives); an error answer raises as the
         other calls do (``NotFound`` for a stranger's ticket)."""
-        attempts = Attempts(self.policy)
-        last = last_event_id
-        quiet = 0  # streams in a row that ended at once without a step
+        stream = _sse.Resume(self.policy, last_event_id)
+        timeout = httpx.Timeout(self.timeout, read=_sse.READ_TIMEOUT_S)
         while True:
-            opened, got = time.monotonic(), False
-            headers = {"Accept": "text/event-stream"}
-            if last is not None:
-                headers["Last-Event-ID"] = str(last)
-            timeout = httpx.Timeout(self.timeout, read=_sse.READ_TIMEOUT_S)
             try:
                 with self._http.stream(
-                    "GET", f"/tickets/{ticket_id}/stream", headers=headers, timeout=timeout
+                    "GET",
+                    f"/tickets/{ticket_id}/stream",
+                    headers=stream.request(),
+                    timeout=timeout,
                 ) as response:
                     if not response.is_success:
                         response.read()
-                        delay = attempts.on_response(response)
-                        if delay is None:
-                            attempts.finish(response)
-                        time.sleep(delay or 0)
+                        time.sleep(stream.on_response(response))
                         continue
-                    parser = _sse.Parser()
                     for line in response.iter_lines():
-                        step = parser.feed(line)
-                        if step is None:
-                            continue
-                        attempts, got = Attempts(self.policy), True  # it answers: a fresh budget
-                        if step.id is not None:
-                            last = step.id
-                        yield step
-                        if step.is_end:
-                            return
+                        if (step := stream.feed(line)) is not None:
+                            yield step
+                            if stream.done:
+                                return
             except httpx.TransportError as exc:
-                delay = attempts.on_transport_error(exc)
-                if delay is None:
-                    raise attempts.raise_transport(exc) from exc
-                time.sleep(delay)
+                time.sleep(stream.on_transport_error(exc))
                 continue
-            # Ended without ``end`` (the server's STREAM_MAX_S): resume, after
-            # a backoff when it ended at once with nothing (never a tight loop).
-            quiet = 0 if got or time.monotonic() - opened >= _sse.QUICK_END_S else quiet + 1
-            if quiet:
-                time.sleep(self.policy.backoff(quiet - 1))
+            time.sleep(stream.on_close())
 
     def lineage(self, ticket_id: IdLike) -> Lineage:
         return Lineage.from_json(self._request("GET", f"/tickets/{ticket_id}/lineage"))
