@@ -659,3 +659,27 @@ class ContextEntry(models.Model):
 
     def __str__(self) -> str:
         return f"context {self.endpoint_id} #{self.seq}"
+
+
+class RetentionHold(models.Model):
+    """A ticket retention must keep, and who asks: the prune
+    (claimcheck_prune_ledger) keeps every trace with a held ticket. The
+    ledger's own record of what an app above it still points at, so that
+    the prune reads only the ledger's tables: recovery holds the tickets of
+    its cases and the re-runs its decisions authorised (a trigger on its
+    own tables: recovery/sql/claimcheck_recovery_hold.sql). Never released:
+    a case's record outlives the retention window, and so do its tickets."""
+
+    # No index of its own: retention_hold_unique (ticket, held_by) leads with it.
+    ticket = models.ForeignKey(Ticket, on_delete=models.PROTECT, related_name="+", db_index=False)
+    # The holder, named by its app: "recovery case <id>", "recovery decision <id>".
+    held_by = models.CharField(max_length=200)
+    since = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["ticket", "held_by"], name="retention_hold_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.ticket_id} held by {self.held_by}"
