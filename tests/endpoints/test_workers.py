@@ -114,6 +114,16 @@ def test_a_slots_turn_is_the_ledgers_record_of_its_start_and_finish(make_endpoin
         assert slot_runs(node, pid, other.turn.id)
         registry.slot_idle()
         assert _slot(node)["status"] == "idle" and not slot_runs(node, pid, other.turn.id)
+
+        # The process gone (the main process's heartbeat lists the pool): its
+        # row goes, and its turn is let go, so a process that later gets its
+        # pid runs nothing.
+        third = start()
+        assert slot_runs(node, pid, third.turn.id)
+        registry.sync_slots(node, [pid + 1])
+        assert not slot_runs(node, pid, third.turn.id)
+        assert Turn.objects.get(id=third.turn.id).released_at is not None
+        assert (_slot(node)["pid"], _slot(node)["status"]) == (pid + 1, "idle")
     finally:
         registry.set_node("")
 
