@@ -45,8 +45,8 @@ def test_a_slots_turn_is_the_ledgers_record_of_its_start_and_finish(make_endpoin
     """The turn's start names the pool process on the turn and the finish
     that process sends lets go of it, each in its one statement: the
     registry reads which turn a slot runs from the ledger (running, held
-    after a finish another process sent, idle once let go), and the check
-    before a kill reads the same."""
+    after a finish another process sent, idle once let go, let go with a
+    process that is gone), and the check before a kill reads the same."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
