@@ -7,6 +7,9 @@ Four operations, each N times in this process on ``claimcheck_bench_costs``
 - `admission`: `admit_ticket` of a root ticket with a new dedupe key;
 - `turn`: `run_ticket` of such a ticket: start, the `runtime.demo.echo`
   runner inline, finish (the finish opens the ticket's pull delivery);
+- `turn_in_a_slot`: the same as a worker's pool process runs it, its
+  worker registered: the start names the process's slot on the turn and
+  the finish lets go of it (tickets/turns/slots.py);
 - `turn_with_callback`: `run_ticket` of a child with `return_to`: the
   finish also admits the callback ticket;
 - `turn_with_webhook`: `run_ticket` of a root whose requester names a
@@ -77,7 +80,14 @@ HOME = "bench.costs-home"
 ROOTS = "bench.costs-roots"
 WALDUMP = "/usr/lib/postgresql/15/bin/pg_waldump"
 RELATIONS_SHOWN = 40
-OPERATIONS = ["admission", "turn", "turn_with_callback", "turn_with_webhook", "delivery"]
+OPERATIONS = [
+    "admission",
+    "turn",
+    "turn_in_a_slot",
+    "turn_with_callback",
+    "turn_with_webhook",
+    "delivery",
+]
 # The endpoints of the worker phase (one turn at a time each).
 WORKER_ENDPOINTS = 20
 WAKER = "claimcheck waker"  # core/wakes.py's application_name
@@ -615,6 +625,21 @@ def main() -> None:
                 .values_list("id", flat=True)
             )
             measured("turn", turn, plain)
+            # As a worker's pool process: registered, its slot recorded.
+            from runtime import registry
+
+            slotted_keys = [f"{tag}-slot-{i}" for i in range(n + 10)]
+            slotted = [admit(k).ticket.id for k in slotted_keys]
+            registry.register_worker(
+                name="turns@bench-costs", host="bench", pid=os.getpid(), queues=["turns"],
+                pool_size=1,
+            )  # fmt: skip
+            registry.set_node("turns@bench-costs")
+            registry.slot_seen()
+            try:
+                measured("turn_in_a_slot", turn, slotted)
+            finally:
+                registry.set_node("")
             # A root each (a trace holds at most TRACE_HARD_LIMIT tickets), on an
             # endpoint of its own that never runs: the measured endpoint's
             # queue holds only the tickets the loop runs, in order.

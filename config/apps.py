@@ -11,9 +11,24 @@ class ClaimcheckConfig(AppConfig):
     verbose_name = "Claimcheck"
 
     def ready(self) -> None:
+        from pathlib import Path
+
         from django.apps import apps
 
+        from core import append_only
         from core.db_roles import grant_after_migrate
+        from core.sqlfunctions import installer
+
+        # core/sql/: the append-only triggers' functions (core/append_only.py),
+        # installed with every app's sql/ folder after every migrate, first
+        # (this app is registered before them): post_migrate is sent to
+        # apps with a models module, this one's included (config/models.py).
+        post_migrate.connect(
+            installer(Path(append_only.FOLDER), tables=False),
+            sender=self,
+            weak=False,
+            dispatch_uid="core-sql",
+        )
 
         # post_migrate is sent once per app, in INSTALLED_APPS order; the
         # grants cover every table and function, so once per migrate is

@@ -136,21 +136,27 @@ def drop_retired(connection: BaseDatabaseWrapper, folder: Path) -> list[str]:
     return dropped
 
 
-# Every app's folder, as its AppConfig registered it: (app label, folder).
-_FOLDERS: list[tuple[str, Path]] = []
+# Every registered folder: (the app whose tables its functions read, or
+# None for functions that read none, folder).
+_FOLDERS: list[tuple[str | None, Path]] = []
 
 
-def installer(folder: Path, label: str | None = None):
+def installer(folder: Path, label: str | None = None, *, tables: bool = True):
     """A post_migrate receiver installing the functions of every registered
     folder (this one included) once their app's models exist (not after a
     migration to zero, not after ``flush``, which sends post_migrate too).
+    ``tables=False``: the folder's functions read no app's tables
+    (core/sql/, the append-only triggers' functions), so they are
+    installed after every migrate.
 
     All folders in one transaction, at the first app's post_migrate: a
     function of one folder may call a function of another (the finish calls
     the ledger's rules), and a release's running workers must never see the
     caller replaced before its callee exists. Later apps' post_migrate find
     nothing left to do."""
-    if label is None:
+    if not tables:
+        label = None
+    elif label is None:
         label = folder.parent.name
     if (label, folder) not in _FOLDERS:
         _FOLDERS.append((label, folder))
@@ -160,7 +166,7 @@ def installer(folder: Path, label: str | None = None):
             return
         ready = []
         for app_label, app_folder in _FOLDERS:
-            if apps is not None:
+            if apps is not None and app_label is not None:
                 try:
                     if not list(apps.get_app_config(app_label).get_models()):
                         continue

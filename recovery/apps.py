@@ -1,4 +1,9 @@
+from pathlib import Path
+
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+from core.sqlfunctions import installer
 
 
 class RecoveryConfig(AppConfig):
@@ -14,3 +19,12 @@ class RecoveryConfig(AppConfig):
         from . import services
 
         provide_case_keeper(services)
+        # Recovery's retention holds in the ledger (recovery/sql/: the
+        # trigger that holds a case's and a decision's tickets), after
+        # every migrate, with the other apps' functions.
+        post_migrate.connect(
+            installer(Path(__file__).parent / "sql"),
+            sender=self,
+            weak=False,
+            dispatch_uid="recovery-sql",
+        )

@@ -615,7 +615,8 @@ def resolve_stale_stops() -> list[uuid.UUID]:
 
     from django.conf import settings
 
-    from runtime.models import Worker, WorkerSlot
+    from runtime.models import Worker
+    from runtime.selectors import slot_runs
 
     now = timezone.now()
     lost_before = now - timedelta(seconds=settings.WORKER_LOST_AFTER_S)
@@ -635,11 +636,8 @@ def resolve_stale_stops() -> list[uuid.UUID]:
                 "unreachable",
                 f"the worker is lost (no heartbeat for {settings.WORKER_LOST_AFTER_S:g} s)",
             )
-        elif (
-            age > PROCESS_STOP_REPORT_GRACE_S
-            and not WorkerSlot.objects.filter(
-                worker=worker, pid=stop.pid, turn_id=stop.case.turn_id
-            ).exists()
+        elif age > PROCESS_STOP_REPORT_GRACE_S and not slot_runs(
+            worker.name, stop.pid, stop.case.turn_id
         ):
             verdict = ("gone", "the process no longer runs the turn")
         elif age > settings.PROCESS_STOP_TIMEOUT_S:

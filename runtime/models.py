@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from django.db import models
 
-from tickets.models import Turn
-
 
 class Worker(models.Model):
     """A Celery worker that runs turns, registered and heartbeated by itself
@@ -54,26 +52,18 @@ class WorkerEvent(models.Model):
 
 
 class WorkerSlot(models.Model):
-    """One pool process of a worker, and the turn it runs (null: idle)."""
+    """One pool process of a worker (the turn it runs: runtime.selectors)."""
 
     # No index of its own: worker_slot_unique_pid (worker, pid) leads with it.
     worker = models.ForeignKey(
         Worker, on_delete=models.CASCADE, related_name="slots", db_index=False
     )
     pid = models.IntegerField()
-    # Rewritten at every start and finish: no foreign key to check and no
-    # index to update each time (the table holds one row per pool process,
-    # so a lookup by turn reads a handful of rows). A slot may name a turn
-    # that retention deleted since: its readers join it outer.
-    turn = models.ForeignKey(
-        Turn,
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-        db_constraint=False,
-        db_index=False,
-    )
+    # The turn it runs is the ledger's record, not this row's: the turn's
+    # start names the slot on the turn (Turn.slot) and its finish lets go of
+    # it (Turn.released_at), in their own statements; runtime.selectors
+    # reads a slot's newest turn. The column turn_id stays, unwritten, while
+    # the previous release may run beside this one (a later release drops it).
     since = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()
     # The slot's warm turn process (runtime/isolation.py), which runs its

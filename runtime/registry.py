@@ -1,7 +1,11 @@
 """The worker registry: workers register and heartbeat themselves; each pool
-process records the turn it runs (docs/explanation/design.md, "Worker registry").
+process is a slot (docs/explanation/design.md, "Worker registry").
 
-Writes only: the worker's own row and its slots. What the rows mean (idle,
+Writes only: the worker's own row and its slots' rows. Which turn a slot
+runs is the ledger's record, on the turn (tickets/turns/slots.py): the
+turn's start and finish write it in their own statements; what happens
+outside them (a turn let go of without a finish, a pool process gone) is
+recorded here through the ledger's service. What the rows mean (idle,
 running, interrupting, held, lost) is read by ``runtime.selectors``."""
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from core.transient import TRANSIENT_DB_ERRORS, describe, drop_broken_connection
+from tickets.turns import slots
 
 from .models import Worker, WorkerSlot
 
@@ -24,9 +29,26 @@ log = logging.getLogger(__name__)
 _node = ""
 
 
+# The slot whose row this process made (node name, pid): slot_seen.
+_made: tuple[str, int] = ("", 0)
+
+
 def set_node(name: str) -> None:
-    global _node
+    global _node, _made
+    if (name or "") != _node:
+        _made = ("", 0)
     _node = name or ""
+
+
+def slot_seen() -> None:
+    """This pool process runs turns for its worker: its slot's row, made at
+    its first turn task, so a pool whose processes the worker's main process
+    does not list (solo, threads: no sync_slots) has its slots shown too.
+    Once per process, not per turn."""
+    global _made
+    if _node and _made != (_node, os.getpid()):
+        _ensure_slot(_node)
+        _made = (_node, os.getpid())
 
 
 def register_worker(
@@ -52,8 +74,11 @@ def register_worker(
             "last_seen_at": now,
         },
     )
-    # A restarted worker of the same name: its old pool processes are gone.
-    WorkerSlot.objects.filter(worker=worker).delete()
+    # A restarted worker of the same name: its old pool processes are gone,
+    # and so is any turn they still ran.
+    gone = WorkerSlot.objects.filter(worker=worker)
+    slots.let_go([slots.slot_key(name, pid) for pid in gone.values_list("pid", flat=True)])
+    gone.delete()
     return worker
 
 
@@ -66,23 +91,18 @@ def beat_worker(name: str, consuming: list[str] | None = None) -> None:
     Worker.objects.filter(name=name).update(**fields)
 
 
-# The slot's row in one statement (PostgreSQL): twice per turn, so not the
-# ORM's transaction of a read, a locked read and a write.
+# The slot's row, once per pool process (its turns are the ledger's record).
 _SLOT_SQL = """
-INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)
-SELECT w.id, %(pid)s, %(turn)s, %(now)s, %(now)s FROM runtime_worker w WHERE w.name = %(node)s
-ON CONFLICT (worker_id, pid) DO UPDATE
-SET turn_id = EXCLUDED.turn_id, since = EXCLUDED.since, updated_at = EXCLUDED.updated_at
+INSERT INTO runtime_workerslot (worker_id, pid, since, updated_at)
+SELECT w.id, %(pid)s, %(now)s, %(now)s FROM runtime_worker w WHERE w.name = %(node)s
+ON CONFLICT (worker_id, pid) DO NOTHING
 """
 
 
-def _slot(turn_id: uuid.UUID | None) -> None:
-    if not _node:
-        return
-    now = timezone.now()
+def _ensure_slot(node: str) -> None:
     try:
         with connection.cursor() as cur:
-            cur.execute(_SLOT_SQL, {"pid": os.getpid(), "turn": turn_id, "now": now, "node": _node})
+            cur.execute(_SLOT_SQL, {"pid": os.getpid(), "now": timezone.now(), "node": node})
     except TRANSIENT_DB_ERRORS as exc:  # the registry is a view: never fail a turn for it
         log.warning("worker slot not recorded: %s", describe(exc))
         drop_broken_connection()
@@ -117,13 +137,29 @@ def current_slot() -> tuple[str, int] | None:
 
 
 def slot_busy(turn_id: uuid.UUID) -> None:
-    """This pool process now runs ``turn_id``."""
-    _slot(turn_id)
+    """This pool process now runs ``turn_id`` (a turn whose start did not
+    name the slot: one found again after its start's reply was lost)."""
+    if not _node:
+        return
+    try:
+        slots.occupy(turn_id, node=_node, pid=os.getpid())
+    except TRANSIENT_DB_ERRORS as exc:  # the registry is a view: never fail a turn for it
+        log.warning("worker slot not recorded: %s", describe(exc))
+        drop_broken_connection()
+        return
+    _ensure_slot(_node)
 
 
 def slot_idle() -> None:
-    """This pool process runs nothing any more."""
-    _slot(None)
+    """This pool process runs nothing any more (it returned from the turn
+    without a finish of its own: the finish lets go in its statement)."""
+    if not _node:
+        return
+    try:
+        slots.let_go([slots.slot_key(_node, os.getpid())])
+    except TRANSIENT_DB_ERRORS as exc:  # the registry is a view: never fail a turn for it
+        log.warning("worker slot not recorded: %s", describe(exc))
+        drop_broken_connection()
 
 
 STOP_COMMAND = "claimcheck_stop_process"
@@ -146,26 +182,35 @@ WITH w AS (SELECT id FROM runtime_worker WHERE name = %(node)s),
 gone AS (
   DELETE FROM runtime_workerslot s USING w
   WHERE s.worker_id = w.id AND NOT (s.pid = ANY(%(pids)s))
+  RETURNING s.pid
+),
+made AS (
+  INSERT INTO runtime_workerslot (worker_id, pid, since, updated_at)
+  SELECT w.id, p, %(now)s, %(now)s FROM w, unnest(%(pids)s::int[]) AS p
+  ON CONFLICT (worker_id, pid) DO NOTHING
 )
-INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)
-SELECT w.id, p, NULL, %(now)s, %(now)s FROM w, unnest(%(pids)s::int[]) AS p
-ON CONFLICT (worker_id, pid) DO NOTHING
+SELECT pid FROM gone
 """
 
 
 def sync_slots(worker: str, pids: list[int]) -> None:
     """The worker's slots are its pool processes, ``pids``: one row each
-    (idle until it runs a turn), none for a process that is gone. A pool
-    process records its own row only when it starts a turn, so without this
-    a process the pool started in place of one that exited (a "stop the
-    process", a crash, ``max_tasks_per_child``) had no row until its first
-    turn, and the exited one kept its row. Run by the worker's main process,
-    which starts and reaps them, at its start and on every heartbeat."""
+    (idle until it runs a turn), none for a process that is gone, and no
+    turn run by one that is gone. A pool process makes its own row only at
+    its first task, so without this a process the pool started in place of
+    one that exited (a "stop the process", a crash, ``max_tasks_per_child``)
+    had no row until then, and the exited one kept its row. Run by the
+    worker's main process, which starts and reaps them, at its start and on
+    every heartbeat."""
     with connection.cursor() as cur:
         cur.execute(_SYNC_SQL, {"node": worker, "pids": sorted(pids), "now": timezone.now()})
+        gone = [row[0] for row in cur.fetchall()]
+    slots.let_go([slots.slot_key(worker, pid) for pid in gone])
 
 
 def clear_slot(worker: str, pid: int) -> None:
+    """The pool process ``pid`` is gone (killed on an owner's request)."""
+    slots.let_go([slots.slot_key(worker, pid)])
     WorkerSlot.objects.filter(worker__name=worker, pid=pid).delete()
 
 

@@ -25,6 +25,7 @@ from endpoints.selectors import (
 from tickets.models import TURN_ACTIVE_STATES, EndpointLock, Ticket, TicketState, Turn, TurnState
 from tickets.rules import EndpointMayStart
 from tickets.selectors import visible_tickets
+from tickets.turns import slots
 
 from .models import Worker, WorkerSlot
 
@@ -126,15 +127,21 @@ def sees_workers(user) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_staff)
 
 
-def _slot_payload(slot: WorkerSlot, now) -> dict[str, Any]:
-    turn = slot.turn
-    if turn is None:
+def _slot_payload(slot: WorkerSlot, turn: Turn | None, now) -> dict[str, Any]:
+    """``turn``: the newest turn started in the slot (tickets/turns/slots.py),
+    which it runs until it lets go of it."""
+    if turn is None or turn.released_at is not None:
+        # Idle since its process let go of its last turn, or since the row
+        # was made (a new process).
+        since = slot.updated_at
+        if turn is not None and turn.released_at > since:
+            since = turn.released_at
         return {
             "pid": slot.pid,
             "child_pid": slot.child_pid,
             "status": "idle",
             "turn": None,
-            "since": iso(slot.updated_at),
+            "since": iso(since),
         }
     ticket_state = turn.ticket.state
     if turn.state not in TURN_ACTIVE_STATES or ticket_state != "running":
@@ -162,7 +169,7 @@ def _slot_payload(slot: WorkerSlot, now) -> dict[str, Any]:
             "ticket_state": ticket_state,
             "budget_left_s": round(max(0.0, (turn.deadline_at - now).total_seconds()), 1),
         },
-        "since": iso(slot.since),
+        "since": iso(turn.started_at),
     }
 
 
@@ -175,14 +182,21 @@ def workers_overview() -> dict[str, Any]:
     lost_before = now - timedelta(seconds=settings.WORKER_LOST_AFTER_S)
     workers = []
     free, held = 0, []
-    slots = WorkerSlot.objects.select_related("turn__ticket", "turn__endpoint").order_by("pid")
     by_worker: dict[int, list[WorkerSlot]] = {}
-    for slot in slots:
+    for slot in WorkerSlot.objects.order_by("pid"):
         by_worker.setdefault(slot.worker_id, []).append(slot)
+    registered = list(Worker.objects.order_by("name"))
+    # Each slot's newest turn, from the ledger: one index probe per slot.
+    turns = slots.newest_turns(
+        [slots.slot_key(w.name, s.pid) for w in registered for s in by_worker.get(w.id, [])]
+    )
     turn_workers = 0
-    for w in Worker.objects.order_by("name"):
+    for w in registered:
         lost = w.last_seen_at < lost_before
-        rows = [_slot_payload(s, now) for s in by_worker.get(w.id, [])]
+        rows = [
+            _slot_payload(s, turns.get(slots.slot_key(w.name, s.pid)), now)
+            for s in by_worker.get(w.id, [])
+        ]
         busy = sum(1 for r in rows if r["status"] != "idle")
         # A worker whose consuming of turns staff stopped takes none: its
         # free slots feed nothing.
@@ -219,9 +233,15 @@ def workers_overview() -> dict[str, Any]:
 
 def slot_holding(turn_id) -> WorkerSlot | None:
     """The slot of a live worker whose pool process still runs ``turn_id``."""
+    key = slots.slot_of(turn_id)
+    if key is None:
+        return None
     alive_after = timezone.now() - timedelta(seconds=settings.WORKER_LOST_AFTER_S)
-    return (
-        WorkerSlot.objects.select_related("worker")
-        .filter(turn_id=turn_id, worker__last_seen_at__gte=alive_after)
-        .first()
-    )
+    live = WorkerSlot.objects.select_related("worker").filter(worker__last_seen_at__gte=alive_after)
+    return next((s for s in live if slots.slot_key(s.worker.name, s.pid) == key), None)
+
+
+def slot_runs(worker: str, pid: int, turn_id) -> bool:
+    """Whether the pool process ``pid`` of the worker named ``worker`` still
+    runs ``turn_id``: checked before that process is killed."""
+    return slots.runs(slots.slot_key(worker, pid), turn_id)

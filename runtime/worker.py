@@ -202,6 +202,7 @@ def _install_pool_handler(sender=None, **kwargs) -> None:
     registry.set_node(getattr(request, "hostname", "") or "")
     if getattr(sender, "name", None) == RUN_TICKET:
         IN_TURN_TASK.set()
+        registry.slot_seen()
     current = signal.getsignal(signal.SIGTERM)
     if current is not _on_sigterm:
         # ValueError: not the main thread (a thread pool): leave it.
@@ -326,11 +327,11 @@ def stop_process(
 
 
 def _kill_slot(node: str, stop_id: str, turn_id: str, pid: int, decision: str = "") -> None:
-    from .models import WorkerSlot
     from .ports import case_keeper
+    from .selectors import slot_runs
 
     try:
-        if not WorkerSlot.objects.filter(worker__name=node, pid=pid, turn_id=turn_id).exists():
+        if not slot_runs(node, pid, turn_id):
             _resolve(stop_id, "gone", f"process {pid} no longer runs turn {turn_id}")
             return
         because = (

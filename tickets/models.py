@@ -594,6 +594,17 @@ class Turn(models.Model):
     # The endpoint generation it ran under (its start wrote the endpoint's
     # current one): a change approved while it runs does not touch it.
     generation = models.PositiveIntegerField(default=1, db_default=1)
+    # The worker pool process that runs the turn's callable, "<node>:<pid>"
+    # (tickets/turns/slots.py), written by the start; null for a turn
+    # started outside a worker. With ``released_at`` it is the worker
+    # registry's "which process runs which turn" (runtime/selectors.py): a
+    # process runs the newest turn started in it until it lets go of it.
+    slot = models.CharField(max_length=300, null=True, blank=True)
+    # When that process let go of the turn: its own finish (the same
+    # statement), or the runtime once the callable returned without one (a
+    # deferred turn, a stale outcome, a quarantine). Null while the callable
+    # may still occupy the process, whatever the turn's state.
+    released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "runtime_turn"
@@ -611,6 +622,13 @@ class Turn(models.Model):
                 fields=["deadline_at"],
                 name="turn_active_deadline_idx",
                 condition=Q(state__in=["running", "interrupting"]),
+            ),
+            # A slot's newest turn, one index probe per pool process (the
+            # registry's views, a stop's check before its kill).
+            models.Index(
+                fields=["slot", "started_at"],
+                name="turn_slot_idx",
+                condition=Q(slot__isnull=False),
             ),
         ]
 
@@ -641,3 +659,27 @@ class ContextEntry(models.Model):
 
     def __str__(self) -> str:
         return f"context {self.endpoint_id} #{self.seq}"
+
+
+class RetentionHold(models.Model):
+    """A ticket retention must keep, and who asks: the prune
+    (claimcheck_prune_ledger) keeps every trace with a held ticket. The
+    ledger's own record of what an app above it still points at, so that
+    the prune reads only the ledger's tables: recovery holds the tickets of
+    its cases and the re-runs its decisions authorised (a trigger on its
+    own tables: recovery/sql/claimcheck_recovery_hold.sql). Never released:
+    a case's record outlives the retention window, and so do its tickets."""
+
+    # No index of its own: retention_hold_unique (ticket, held_by) leads with it.
+    ticket = models.ForeignKey(Ticket, on_delete=models.PROTECT, related_name="+", db_index=False)
+    # The holder, named by its app: "recovery case <id>", "recovery decision <id>".
+    held_by = models.CharField(max_length=200)
+    since = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["ticket", "held_by"], name="retention_hold_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.ticket_id} held by {self.held_by}"

@@ -9,15 +9,19 @@ delivery attempts, only when every one of its tickets:
 1. is terminal (succeeded, failed, cancelled, orphaned) and finished before
    the cutoff, with no open obligation and no pending callback, and no
    delivery still due;
-2. is not referenced by any recovery case (its ticket or its turn) nor is
-   any decision's re-run: a case's evidence, inspections, decisions and
-   lesson are never deleted, and neither is anything they point at;
+2. is not held (``RetentionHold``): an app above the ledger holds the
+   tickets its records point at, recovery those of every case (its ticket
+   and its turn's) and every decision's re-run, so a case's evidence,
+   inspections, decisions and lesson are never deleted, and neither is
+   anything they point at, while the prune reads only the ledger's tables;
 3. has no turn still active or holding an endpoint's lock, and no context
    entry among its endpoint's most recent ``HISTORY_ENTRIES`` (the history
    the next turn is given);
 4. has no link (parent, re-run, callback, completing turn) to a ticket of
    another trace, in either direction.
 
+The rule is one function, ``claimcheck_prune_keeps``
+(tickets/sql/claimcheck_prune_keeps.sql), called for each candidate trace.
 The deletion happens in ``claimcheck_prune_ledger``
 (tickets/sql/claimcheck_prune_ledger.sql), a SECURITY DEFINER function
 installed after migrate like every function of that folder and owned by

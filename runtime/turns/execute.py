@@ -108,7 +108,7 @@ def _run_one(
     message's start starts: (its id or None when none started, the next
     turn its finish started when ``chain()`` said so)."""
     # A worker's pool process records the turn it runs; the one-statement
-    # start and finish write that slot themselves (runtime.registry).
+    # start and finish record it on the turn themselves (tickets/turns/slots.py).
     slot = registry.current_slot()
     if started is None:
         started = start_with_retry(ticket_id=ticket_id, celery_task_id=celery_task_id, slot=slot)

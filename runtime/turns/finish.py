@@ -94,7 +94,7 @@ class Finished:
     ticket_state: str | None = None
     reason: str = ""
     duplicate: bool = False  # this outcome was already recorded by an earlier attempt
-    # The finish wrote the worker's slot: idle, or naming the turn it started.
+    # The finish let go of the worker's slot (and named it on the turn it started).
     slot_recorded: bool = False
     # With ``start_next``: the endpoint's next turn, started in the finishing
     # transaction, for the caller to run.
@@ -150,7 +150,7 @@ def finish_turn(
        (``claimcheck_open_delivery``).
     5. Release the lock (``claimcheck_release_lock``): the endpoint's next
        marked ticket is unmarked and published after commit, or the
-       dispatcher is woken; the worker's registry slot goes idle. With
+       dispatcher is woken; the worker's slot lets go of the turn. With
        ``start_next`` (a worker running a backlog) that ticket is not
        published: the function starts the endpoint's next turn itself
        (``claimcheck_start_turn``, every guard of a start), in the same

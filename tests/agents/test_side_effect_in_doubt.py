@@ -18,7 +18,7 @@ import pytest
 from recovery.audit import audit_ledger
 from recovery.models import RecoveryCase
 from recovery.services import decide, inspect_case
-from runtime.models import WorkerSlot
+from runtime.selectors import slot_holding
 from tests.conftest import wait_for
 from tickets.admission import admit_ticket
 from tickets.models import Ticket, TicketEvent, Turn
@@ -54,7 +54,7 @@ def test_a_turn_process_killed_mid_side_effect_opens_a_case_and_its_rerun_sees_t
         lambda: TicketEvent.objects.filter(ticket=slow, kind="tool_started").exists(),
         message="the slow call to start",
     )
-    child = WorkerSlot.objects.get(turn__ticket=slow).child_pid
+    child = slot_holding(Turn.objects.get(ticket=slow).id).child_pid
     os.kill(child, signal.SIGKILL)
     slow = settled(slow.id)
     assert slow.state == "failed" and slow.error["code"] == "runner_died", slow.error

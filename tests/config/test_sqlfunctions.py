@@ -16,7 +16,7 @@ from tests.db_roles import owner_session
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = [ROOT / "tickets" / "sql"]
+FOLDERS = [ROOT / "core" / "sql", ROOT / "tickets" / "sql", ROOT / "recovery" / "sql"]
 
 
 def _installed(name: str) -> list[tuple[str, str | None]]:
@@ -40,6 +40,10 @@ def test_every_file_is_the_installed_function():
         "claimcheck_finish_turn",
         "claimcheck_release_lock",
         "claimcheck_next_ticket",
+        "claimcheck_prune_keeps",
+        "claimcheck_recovery_hold",
+        "claimcheck_append_only",
+        "claimcheck_append_only_truncate",
     } <= set(names)
 
 

@@ -33,6 +33,101 @@ def test_workers_route_is_staff_only(api, django_user_model, client):
     assert client.get("/workers/").status_code == 404
 
 
+def _slot(name: str) -> dict:
+    from runtime.selectors import workers_overview
+
+    (worker,) = [w for w in workers_overview()["workers"] if w["name"] == name]
+    (slot,) = worker["slots"]
+    return slot
+
+
+def test_a_slots_turn_is_the_ledgers_record_of_its_start_and_finish(make_endpoint):
+    """The turn's start names the pool process on the turn and the finish
+    that process sends lets go of it, each in its one statement: the
+    registry reads which turn a slot runs from the ledger (running, held
+    after a finish another process sent, idle once let go, let go with a
+    process that is gone), and the check before a kill reads the same."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from core.times import iso
+    from runtime import registry
+    from runtime import turns as runtime
+    from runtime.runners import Outcome
+    from runtime.selectors import slot_holding, slot_runs
+
+    node = "turns@slots"
+    registry.register_worker(name=node, host="h", pid=1, queues=["turns"], pool_size=1)
+    registry.set_node(node)
+    try:
+        registry.slot_seen()  # a pool process's row, made at its first turn task
+        slot = registry.current_slot()
+        pid = slot[1]
+        assert _slot(node)["status"] == "idle"
+        make_endpoint("slot.echo")
+
+        def start():
+            ticket = admit_ticket(endpoint="slot.echo", input={}).ticket
+            with CaptureQueriesContext(connection) as q:
+                started = runtime.start_turn(ticket_id=ticket.id, slot=slot)
+            assert len(q.captured_queries) == 1 and started.slot_recorded
+            return started
+
+        started = start()
+        shown = _slot(node)
+        assert shown["status"] == "running" and shown["turn"]["id"] == str(started.turn.id)
+        assert shown["since"] == iso(started.turn.started_at)
+        assert slot_runs(node, pid, started.turn.id)
+        assert not slot_runs(node, pid + 1, started.turn.id)
+        assert slot_holding(started.turn.id).pid == pid
+
+        with CaptureQueriesContext(connection) as q:
+            done = runtime.finish_turn(
+                turn_id=started.turn.id,
+                seq=started.turn.seq,
+                outcome=Outcome.success({}),
+                source="worker",
+                turn=started.turn,
+                slot=slot,
+            )
+        assert len(q.captured_queries) == 1 and done.accepted and done.slot_recorded
+        released = Turn.objects.get(id=started.turn.id).released_at
+        assert released is not None
+        assert _slot(node) | {"since": None} == {
+            "pid": pid,
+            "child_pid": None,
+            "status": "idle",
+            "turn": None,
+            "since": None,
+        }
+        assert _slot(node)["since"] == iso(released)
+        assert not slot_runs(node, pid, started.turn.id) and slot_holding(started.turn.id) is None
+
+        # Finished by another process (the API, a sweep) while the callable
+        # still runs in this one: held, until this process lets go.
+        other = start()
+        runtime.finish_turn(
+            turn_id=other.turn.id, seq=other.turn.seq, outcome=Outcome.success({}), source="api"
+        )
+        shown = _slot(node)
+        assert shown["status"] == "held" and shown["turn"]["id"] == str(other.turn.id)
+        assert slot_runs(node, pid, other.turn.id)
+        registry.slot_idle()
+        assert _slot(node)["status"] == "idle" and not slot_runs(node, pid, other.turn.id)
+
+        # The process gone (the main process's heartbeat lists the pool): its
+        # row goes, and its turn is let go, so a process that later gets its
+        # pid runs nothing.
+        third = start()
+        assert slot_runs(node, pid, third.turn.id)
+        registry.sync_slots(node, [pid + 1])
+        assert not slot_runs(node, pid, third.turn.id)
+        assert Turn.objects.get(id=third.turn.id).released_at is not None
+        assert (_slot(node)["pid"], _slot(node)["status"]) == (pid + 1, "idle")
+    finally:
+        registry.set_node("")
+
+
 @pytest.mark.integration
 def test_a_held_slot_a_starved_endpoint_and_a_lost_worker_are_shown(
     celery_procs, make_endpoint, api, settings, staff_user, client

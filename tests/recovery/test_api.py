@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from recovery.models import Decision, Inspection, Lesson
-from tickets.models import Ticket
+from tickets.models import RetentionHold, Ticket
 
 from .conftest import dump_ledger
 
@@ -71,6 +71,10 @@ def test_walk_inspect_rerun_lesson_through_the_api(quarantine, owner_api):
     }
     assert decision["action"] == "authorize_rerun" and decision["actor"] == "owner"
     assert decision["inspection"] == inspection["id"]
+    # The re-run is held in the ledger: retention keeps it while the case is kept.
+    assert RetentionHold.objects.filter(
+        ticket_id=decision["rerun_ticket"], held_by=f"recovery decision {decision['id']}"
+    ).exists()
     rerun = owner_api.get(f"/tickets/{decision['rerun_ticket']}").json()
     assert rerun["parent"] == str(q.ticket.id) and rerun["dedupe_key"] == "walk:rerun:1"
     original = owner_api.get(f"/tickets/{q.ticket.id}").json()

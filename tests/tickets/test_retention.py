@@ -29,7 +29,7 @@ from tests.conftest import ROOT
 from tests.recovery.conftest import drive_to_quarantine, owner  # noqa: F401 - fixture
 from tickets import delivery, retention
 from tickets.admission import admit_ticket
-from tickets.models import Delivery, Ticket, TicketEvent, Trace
+from tickets.models import Delivery, RetentionHold, Ticket, TicketEvent, Trace
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,6 +145,37 @@ def test_prune_deletes_only_old_settled_traces(ledger):
     # Nothing more to do: a second run deletes nothing.
     again = retention.prune(older_than_days=30, keep_history=1)
     assert again.counts["tickets"] == 0
+
+
+def test_the_prune_keeps_what_an_owner_holds_in_the_ledger(ledger):
+    """The prune reads only the ledger's tables: recovery's cases hold their
+    tickets in it (a trigger on recovery's tables), and any hold keeps its
+    ticket's trace until it goes."""
+    case, open_case, done = ledger["case"], ledger["open_case"], ledger["done"]
+    held = set(RetentionHold.objects.values_list("ticket_id", "held_by"))
+    assert (case.ticket.id, f"recovery case {case.case.id}") in held
+    assert (open_case.ticket.id, f"recovery case {open_case.case.id}") in held
+
+    hold = RetentionHold.objects.create(ticket=done, held_by="test", since=timezone.now())
+    assert retention.prune(older_than_days=30, keep_history=1).counts["tickets"] == 0
+    assert exists(done)
+    hold.delete()
+    assert retention.prune(older_than_days=30, keep_history=1).counts["tickets"] == 1
+    assert not exists(done) and exists(case.ticket) and exists(open_case.ticket)
+
+
+def test_the_holds_of_records_made_before_the_trigger_are_made_with_it(ledger, owner_cursor):
+    """Installing recovery's trigger (its file, after a migrate that changed
+    it) also holds what the cases and decisions made before it point at,
+    and holds nothing twice."""
+    before = set(RetentionHold.objects.values_list("ticket_id", "held_by"))
+    assert before
+    RetentionHold.objects.all().delete()
+    source = (ROOT / "recovery" / "sql" / "claimcheck_recovery_hold.sql").read_text()
+    owner_cursor.execute(source)
+    owner_cursor.execute(source)
+    assert set(RetentionHold.objects.values_list("ticket_id", "held_by")) == before
+    assert RetentionHold.objects.count() == len(before)
 
 
 def test_a_trace_an_admission_is_joining_is_skipped_and_kept(ledger):

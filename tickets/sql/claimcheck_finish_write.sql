@@ -1,7 +1,8 @@
 -- The finish's write, one statement: the turn ends (with its stop evidence,
 -- or its context entry), the ticket moves running -> p_to with its event
 -- (its watchers are woken after commit: runtime/turns/finish.py), and the
--- worker's registry slot is idle (a turn run outside a worker has none).
+-- pool process that sends it lets go of the turn it ran (Turn.released_at,
+-- tickets/turns/slots.py; a turn run outside a worker has no slot).
 -- False when the ticket was not running (the caller holds the row and
 -- checked it: a bug).
 CREATE OR REPLACE FUNCTION claimcheck_finish_write(
@@ -18,7 +19,9 @@ DECLARE
 BEGIN
     WITH tn AS (
         UPDATE runtime_turn SET state = p_turn_state, ended_at = p_now,
-            stop_evidence = COALESCE(p_stop_evidence, stop_evidence)
+            stop_evidence = COALESCE(p_stop_evidence, stop_evidence),
+            released_at = CASE WHEN p_node <> '' AND slot = p_node || ':' || p_pid
+                               THEN p_now ELSE released_at END
         WHERE id = (p_turn).id
     ),
     ce AS (
@@ -43,13 +46,6 @@ BEGIN
         INSERT INTO tickets_ticketevent (
             ticket_id, kind, from_state, to_state, actor, turn_id, detail, at)
         SELECT tu.id, p_kind, 'running', p_to, p_actor, (p_turn).id, p_detail, p_now FROM tu
-    ),
-    sl AS (
-        INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)
-        SELECT w.id, p_pid, NULL, p_now, p_now FROM runtime_worker w
-        WHERE p_node <> '' AND w.name = p_node
-        ON CONFLICT (worker_id, pid) DO UPDATE
-        SET turn_id = EXCLUDED.turn_id, since = EXCLUDED.since, updated_at = EXCLUDED.updated_at
     )
     SELECT count(*) INTO v_updated FROM tu;
     RETURN v_updated = 1;

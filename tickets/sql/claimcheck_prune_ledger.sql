@@ -34,60 +34,16 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- The candidates, one trace at a time: the rule is a subplan per trace
-    -- (OFFSET 0 keeps the planner from turning it into an anti-join over
-    -- the whole ticket table), so a batch reads the tickets of the traces
-    -- it looks at and stops at max_traces. Each candidate's row is locked; a
-    -- trace an admission is joining right now (it holds the row: the
-    -- trace's count) is skipped.
+    -- The candidates, one trace at a time: the rule
+    -- (claimcheck_prune_keeps) is a call per trace, so a batch reads the
+    -- tickets of the traces it looks at and stops at max_traces. Each
+    -- candidate's row is locked; a trace an admission is joining right now
+    -- (it holds the row: the trace's count) is skipped.
     SELECT coalesce(array_agg(c.id), '{}') INTO trace_ids FROM (
         SELECT tr.id FROM tickets_trace tr
          WHERE tr.created_at < cutoff
-           AND NOT EXISTS (
-               SELECT 1 FROM tickets_ticket t
-                WHERE t.trace_id = tr.id
-                  AND (
-                      -- 1. finished before the cutoff, nothing still owed
-                      t.state NOT IN ('succeeded', 'failed', 'cancelled', 'orphaned')
-                      OR t.finished_at IS NULL OR t.finished_at >= cutoff
-                      OR t.obligation_state = 'open'
-                      OR t.callback_state = 'pending'
-                      OR EXISTS (SELECT 1 FROM tickets_delivery d
-                                  WHERE d.ticket_id = t.id AND d.next_attempt_at IS NOT NULL)
-                      -- 2. anything a recovery case points at
-                      OR EXISTS (SELECT 1 FROM recovery_recoverycase c WHERE c.ticket_id = t.id)
-                      OR EXISTS (SELECT 1 FROM recovery_recoverycase c
-                                   JOIN runtime_turn u ON u.id = c.turn_id
-                                  WHERE u.ticket_id = t.id)
-                      OR EXISTS (SELECT 1 FROM recovery_decision x WHERE x.rerun_ticket_id = t.id)
-                      -- 3. a live turn, a held lock, recent history
-                      OR EXISTS (SELECT 1 FROM runtime_turn u
-                                  WHERE u.ticket_id = t.id
-                                    AND u.state IN ('running', 'interrupting'))
-                      OR EXISTS (SELECT 1 FROM runtime_endpointlock l
-                                   JOIN runtime_turn u ON u.id = l.holder_id
-                                  WHERE u.ticket_id = t.id)
-                      OR EXISTS (
-                          SELECT 1 FROM runtime_contextentry ce
-                           WHERE ce.ticket_id = t.id
-                             AND ce.seq >= coalesce((
-                                 SELECT c2.seq FROM runtime_contextentry c2
-                                  WHERE c2.endpoint_id = ce.endpoint_id
-                                  ORDER BY c2.seq DESC OFFSET keep_history - 1 LIMIT 1), 0))
-                      -- 4. links to another trace, either way
-                      OR EXISTS (SELECT 1 FROM tickets_ticket y
-                                  WHERE y.id IN (t.parent_id, t.rerun_of_id, t.callback_for_id)
-                                    AND y.trace_id <> tr.id)
-                      OR EXISTS (SELECT 1 FROM tickets_ticket x
-                                  WHERE (x.parent_id = t.id OR x.rerun_of_id = t.id
-                                         OR x.callback_for_id = t.id)
-                                    AND x.trace_id <> tr.id)
-                      OR EXISTS (SELECT 1 FROM runtime_turn u
-                                   JOIN tickets_ticket y ON y.id = u.ticket_id
-                                  WHERE u.id = t.completed_by_turn_id AND y.trace_id <> tr.id)
-                  )
-                OFFSET 0
-           )
+           AND NOT claimcheck_prune_keeps(
+               p_trace => tr.id, p_cutoff => cutoff, p_keep_history => keep_history)
          LIMIT max_traces
          FOR UPDATE SKIP LOCKED
     ) c;
@@ -102,53 +58,8 @@ BEGIN
              WHERE r.created_at < cutoff AND r.parent_id IS NULL AND r.rerun_of_id IS NULL
                AND r.trace_id = pg_catalog.replace(r.id::text, '-', '')
                AND NOT EXISTS (SELECT 1 FROM tickets_trace tr WHERE tr.id = r.trace_id)
-               AND NOT EXISTS (
-                   SELECT 1 FROM tickets_ticket t
-                    WHERE t.trace_id = r.trace_id
-                      AND (
-                          -- 1. finished before the cutoff, nothing still owed
-                          t.state NOT IN ('succeeded', 'failed', 'cancelled', 'orphaned')
-                          OR t.finished_at IS NULL OR t.finished_at >= cutoff
-                          OR t.obligation_state = 'open'
-                          OR t.callback_state = 'pending'
-                          OR EXISTS (SELECT 1 FROM tickets_delivery d
-                                      WHERE d.ticket_id = t.id AND d.next_attempt_at IS NOT NULL)
-                          -- 2. anything a recovery case points at
-                          OR EXISTS (SELECT 1 FROM recovery_recoverycase c WHERE c.ticket_id = t.id)
-                          OR EXISTS (SELECT 1 FROM recovery_recoverycase c
-                                       JOIN runtime_turn u ON u.id = c.turn_id
-                                      WHERE u.ticket_id = t.id)
-                          OR EXISTS (SELECT 1 FROM recovery_decision x
-                                      WHERE x.rerun_ticket_id = t.id)
-                          -- 3. a live turn, a held lock, recent history
-                          OR EXISTS (SELECT 1 FROM runtime_turn u
-                                      WHERE u.ticket_id = t.id
-                                        AND u.state IN ('running', 'interrupting'))
-                          OR EXISTS (SELECT 1 FROM runtime_endpointlock l
-                                       JOIN runtime_turn u ON u.id = l.holder_id
-                                      WHERE u.ticket_id = t.id)
-                          OR EXISTS (
-                              SELECT 1 FROM runtime_contextentry ce
-                               WHERE ce.ticket_id = t.id
-                                 AND ce.seq >= coalesce((
-                                     SELECT c2.seq FROM runtime_contextentry c2
-                                      WHERE c2.endpoint_id = ce.endpoint_id
-                                      ORDER BY c2.seq DESC OFFSET keep_history - 1 LIMIT 1), 0))
-                          -- 4. links to another trace, either way
-                          OR EXISTS (SELECT 1 FROM tickets_ticket y
-                                      WHERE y.id IN (t.parent_id, t.rerun_of_id, t.callback_for_id)
-                                        AND y.trace_id <> r.trace_id)
-                          OR EXISTS (SELECT 1 FROM tickets_ticket x
-                                      WHERE (x.parent_id = t.id OR x.rerun_of_id = t.id
-                                             OR x.callback_for_id = t.id)
-                                        AND x.trace_id <> r.trace_id)
-                          OR EXISTS (SELECT 1 FROM runtime_turn u
-                                       JOIN tickets_ticket y ON y.id = u.ticket_id
-                                      WHERE u.id = t.completed_by_turn_id
-                                        AND y.trace_id <> r.trace_id)
-                      )
-                    OFFSET 0
-               )
+               AND NOT claimcheck_prune_keeps(
+                   p_trace => r.trace_id, p_cutoff => cutoff, p_keep_history => keep_history)
              ORDER BY r.id
              LIMIT max_traces - pg_catalog.cardinality(trace_ids)
              FOR UPDATE OF r SKIP LOCKED

@@ -43,11 +43,15 @@ tn AS (
     INSERT INTO runtime_turn AS u (
         id, endpoint_id, ticket_id, seq, state, runner_kind, celery_task_id, worker,
         started_at, heartbeat_at, deadline_at, interrupt_requested_at, interrupt_reason,
-        ended_at, stop_evidence, token_sha256, generation)
+        ended_at, stop_evidence, token_sha256, generation, slot)
     SELECT p_turn, ep.id, tk.id, ep.turn_seq, 'running', COALESCE(ep.runner->>'kind', ''),
         p_task, p_worker, ep.now, ep.now,
         ep.now + make_interval(secs => LEAST(ep.turn_budget_s, COALESCE(tk.budget_s, ep.turn_budget_s))), NULL, '', NULL, NULL, p_token_sha256,
-        (ep.row).generation
+        (ep.row).generation,
+        -- The worker pool process that runs it (tickets/turns/slots.py), on
+        -- the turn's own row: the worker registry reads it there. None
+        -- outside a worker.
+        CASE WHEN p_node <> '' THEN p_node || ':' || p_pid END
     FROM ep, tk
     RETURNING u AS row, u.id, u.seq, u.ticket_id, u.endpoint_id, u.started_at
 ),
@@ -85,14 +89,6 @@ mk AS (
       AND (EXISTS (SELECT 1 FROM lk WHERE holder_id IS NOT NULL)
            OR (EXISTS (SELECT 1 FROM tk)
                AND NOT EXISTS (SELECT 1 FROM tn WHERE tn.ticket_id = p_ticket)))
-),
--- The worker registry: this pool process now runs the turn (no row outside a worker).
-sl AS (
-    INSERT INTO runtime_workerslot (worker_id, pid, turn_id, since, updated_at)
-    SELECT w.id, p_pid, u.id, u.started_at, u.started_at
-    FROM runtime_worker w, tn u WHERE w.name = p_node
-    ON CONFLICT (worker_id, pid) DO UPDATE
-    SET turn_id = EXCLUDED.turn_id, since = EXCLUDED.since, updated_at = EXCLUDED.updated_at
 )
 SELECT ep.row, u.row, t.row FROM ep, tn u, tu t;
 END

@@ -40,7 +40,7 @@ class Started:
     # The turn's credential for the turn API, for its runner only: the Turn
     # row keeps just its SHA-256 (token_sha256).
     token: str = field(default="", repr=False)
-    # The start statement already pointed this worker's registry slot at the turn.
+    # The start statement already named this worker's slot on the turn (Turn.slot).
     slot_recorded: bool = False
     # The worker's monotonic clock just before it sent the statement that
     # started the turn: it precedes the turn's started_at, so the run time
@@ -172,8 +172,8 @@ def start_turn(
        paused (the same UPDATE: a pause is ordered before or after it); create the
        Turn with the SHA-256 of a fresh random token (the runner gets the
        token itself); make it the lock holder and the ticket's registered
-       turn; ticket ``queued -> running`` with its event; the worker's
-       registry slot (``slot``: node name and pid) names the turn.
+       turn; ticket ``queued -> running`` with its event; the turn names
+       the worker's slot (``slot``: node name and pid; tickets/turns/slots.py).
 
     The function's comments say why each guard holds under READ COMMITTED.
     A worker that finishes a turn starts the endpoint's next one with the
