@@ -24,7 +24,7 @@ ADMISSIONS = Counter(
 )
 TRANSITIONS = Counter(
     "claimcheck_ticket_transitions",
-    "Ticket state changes (tickets/lifecycle.transition), committed, by edge.",
+    "Ticket state changes (core/observe.transition), committed, by edge.",
     ["from_state", "to_state"],
 )
 TURNS_STARTED = Counter("claimcheck_turns_started", "Turns started.")

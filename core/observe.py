@@ -1,10 +1,12 @@
 """The hooks the services call so that metrics and log context follow the
 work: one call per chokepoint, no logic of the services here.
 
-- ``transition``: from ``tickets/lifecycle.transition``, every ticket state
-  change. Counts it once its transaction commits (turns started and ended,
-  queue wait, turn duration) and, for ``turn_started`` in a worker, binds the
-  turn's ids for the rest of the task's log lines.
+- ``transition``: every ticket state change, from a turn's start
+  (``tickets/turns/start.py``) and every later move
+  (``tickets/terminal.after_move``). Counts it once its transaction
+  commits (turns started and ended, queue wait, turn duration) and, for
+  ``turn_started`` in a worker, binds the turn's ids for the rest of the
+  task's log lines.
 - ``admission``: wraps ``tickets/admission.admit_ticket``: admitted,
   duplicate or refused (by error code); records the ticket's trace for the
   response's ``traceparent``.

@@ -80,34 +80,61 @@ def install(connection: BaseDatabaseWrapper, folder: Path) -> list[str]:
 
     changed = []
     with transaction.atomic(using=connection.alias), connection.cursor() as cur:
-        for name, source in sources(folder).items():
-            path = folder / f"{name}.sql"
-            want = digest(source)
-            cur.execute(_INSTALLED, [name])
-            installed = cur.fetchall()
-            if len(installed) == 1 and installed[0][1] == want:
-                continue
-            if len(installed) > 1:
-                raise RuntimeError(f"{name} has {len(installed)} overloads; expected one")
-            try:
-                with transaction.atomic(using=connection.alias):
-                    cur.execute(source)
-            except DatabaseError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, errors.InvalidFunctionDefinition):  # result or names
-                    raise _signature_changed(path, name, str(cause).splitlines()[0]) from exc
-                raise
-            cur.execute(_INSTALLED, [name])
-            created = cur.fetchall()
-            if len(created) != 1:
-                if installed:  # CREATE OR REPLACE with other arguments made an overload
-                    raise _signature_changed(
-                        path, name, f"its arguments changed (installed: {installed[0][0]})"
-                    )
-                raise RuntimeError(f"{path} must create exactly one function {name}")
-            cur.execute(f"COMMENT ON FUNCTION {created[0][0]} IS %s", [want])
-            changed.append(name)
+        pending = list(sources(folder).items())
+        # A LANGUAGE sql function's body is checked when it is created: one
+        # that calls a function whose file sorts after its own waits for
+        # that one's round (a call of a function no file creates still fails).
+        while pending:
+            waiting: list[tuple[str, str]] = []
+            failed: DatabaseError | None = None
+            for name, source in pending:
+                try:
+                    if _install_one(connection, cur, folder, name, source):
+                        changed.append(name)
+                except DatabaseError as exc:
+                    if not isinstance(exc.__cause__, errors.UndefinedFunction):
+                        raise
+                    waiting.append((name, source))
+                    failed = exc
+            if failed is not None and len(waiting) == len(pending):
+                raise failed
+            pending = waiting
     return changed
+
+
+def _install_one(
+    connection: BaseDatabaseWrapper, cur: CursorWrapper, folder: Path, name: str, source: str
+) -> bool:
+    """Install one file's function unless its body is installed already;
+    whether it was written."""
+    from psycopg import errors
+
+    path = folder / f"{name}.sql"
+    want = digest(source)
+    cur.execute(_INSTALLED, [name])
+    installed = cur.fetchall()
+    if len(installed) == 1 and installed[0][1] == want:
+        return False
+    if len(installed) > 1:
+        raise RuntimeError(f"{name} has {len(installed)} overloads; expected one")
+    try:
+        with transaction.atomic(using=connection.alias):
+            cur.execute(source)
+    except DatabaseError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, errors.InvalidFunctionDefinition):  # result or names
+            raise _signature_changed(path, name, str(cause).splitlines()[0]) from exc
+        raise
+    cur.execute(_INSTALLED, [name])
+    created = cur.fetchall()
+    if len(created) != 1:
+        if installed:  # CREATE OR REPLACE with other arguments made an overload
+            raise _signature_changed(
+                path, name, f"its arguments changed (installed: {installed[0][0]})"
+            )
+        raise RuntimeError(f"{path} must create exactly one function {name}")
+    cur.execute(f"COMMENT ON FUNCTION {created[0][0]} IS %s", [want])
+    return True
 
 
 def retired(folder: Path) -> list[str]:

@@ -44,7 +44,7 @@ from core.limits import DEDUPE_KEY_CHARS, TRACE_ID_CHARS
 from core.sqlfunctions import call_cursor
 from core.wakes import wake
 from endpoints.models import Endpoint
-from endpoints.selectors import may_submit, quarantine_case
+from endpoints.selectors import may_submit, owned_endpoint_ids, quarantine_case
 
 from . import rights, superseding
 from .models import (
@@ -436,17 +436,13 @@ def _existing_row(
     row: Row, *, dedupe_key: str, sha: str, submitter: AbstractBaseUser | None
 ) -> Admitted:
     """The ticket already holding the key, whole from the function's row,
-    with whether the submitter owns its endpoint: a duplicate or a conflict
-    costs no further round trip."""
+    with whether the submitter may see it: a duplicate or a conflict costs
+    no further round trip. ``owned`` is ``claimcheck_ticket_visible`` as the
+    statement answered it for the submitter (the rule's one home), which
+    knows of the submitter's endpoints only this one: one who owns every
+    endpoint (staff, ``owned_endpoint_ids`` None) is told here."""
     existing = _ticket_from_row(row)
-    visible = submitter is None or (
-        submitter.is_authenticated
-        and (
-            submitter.is_staff
-            or (existing.submitted_by_id is not None and existing.submitted_by_id == submitter.id)
-            or bool(row["owned"])
-        )
-    )
+    visible = submitter is None or bool(row["owned"]) or owned_endpoint_ids(submitter) is None
     return _duplicate(
         existing, dedupe_key=dedupe_key, sha=sha, submitter=submitter, visible=visible
     )

@@ -41,8 +41,12 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
     """Admit the one callback ticket for a terminal ``source`` with
     ``return_to``: trace, completed ticket id, response, requester metadata
     and continuation. The source's callback state goes ``pending ->
-    accepted``. A target that refuses (quarantined, circuit open) leaves it
-    ``pending`` with an event; the obligations sweep tries again."""
+    accepted``. The one home of "owes a callback" (terminal, ``return_to``,
+    still ``pending``), checked here under the source's row lock: a move
+    of a ticket that reports calls it (tickets/terminal.py ``after_move``),
+    and so does the obligations sweep. A target that refuses (quarantined,
+    circuit open) leaves it ``pending`` with an event; the sweep tries
+    again."""
     from .admission import admit_ticket
 
     # No savepoint inside a caller's transaction (a turn's finish): nothing
@@ -62,6 +66,10 @@ def ensure_callback(*, source_id: uuid.UUID) -> Callback | None:
         existing = Callback.objects.filter(source=source).first()
         if existing is not None:
             return existing
+        if source.callback_state != CallbackState.PENDING:
+            # Nothing owed: an orphan superseded by a re-run passed its
+            # callback to the re-run (claimcheck_ticket_move).
+            return None
         original = original_of(source)
         payload = {
             "callback": {

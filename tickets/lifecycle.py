@@ -1,37 +1,55 @@
 """Ticket transitions after admission.
 
-Every transition is one conditional UPDATE (``WHERE id = … AND state IN
-(expected)``) plus its event row, inside the caller's transaction when there
-is one. A row count of zero means another process got there first: the
-transition raises ``InvalidTransition`` naming the state it found, and writes
-nothing. What a terminal state owes (a delivery, a callback, an obligation
-passed to a re-run) is ``tickets/terminal.py``'s to decide; the event rows are
-``tickets/events.py``'s.
+Every transition is one call of ``claimcheck_ticket_move``
+(tickets/sql/claimcheck_ticket_move.sql), inside the caller's transaction
+when there is one: the conditional state change (``WHERE state =
+expected``), its event, and what the new state owes that the database can
+do (a terminal ticket's delivery, an orphan's obligations passed to its
+re-run). A ticket found in another state means another process got there
+first: the transition raises ``InvalidTransition`` naming the state it
+found, and writes nothing. A turn's finish writes its move from the same
+parts (``claimcheck_finish_turn``). What is left to Python (the
+delivery's send, a callback's admission, the wake, the metrics) is
+``tickets/terminal.py``'s ``after_move``, for both; the events of a
+ticket's other fields are ``tickets/events.py``'s.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from typing import Any
 
 from django.db import transaction
-from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from core import observe
 from core.errors import InvalidTransition, NotFound
+from core.ids import new_id
+from core.sqlfunctions import call_cursor
 
 from . import terminal as terminal_hooks
-from .events import append_event, set_recorded_fields, update_fields
-from .models import (
-    TERMINAL_STATES,
-    TICKET_EDGES,
-    Ticket,
-    TicketState,
-)
+from .events import append_event, update_fields
+from .models import TICKET_EDGES, Ticket, TicketState
 
 log = logging.getLogger(__name__)
+
+# Named arguments (a parameter added with a default shifts no caller); the
+# result read by column name (MOVED_COLUMNS).
+MOVED_COLUMNS = ("o_moved", "o_state", "o_delivery", "o_due", "o_reports")
+_MOVE_SQL = (
+    "SELECT " + ", ".join(f"m.{c}" for c in MOVED_COLUMNS) + " FROM claimcheck_ticket_move("
+    "p_ticket => %(ticket)s, p_expected => %(expected)s, p_to => %(to)s, p_kind => %(kind)s,"
+    " p_actor => %(actor)s, p_turn => %(turn)s, p_detail => %(detail)s::jsonb,"
+    " p_now => %(now)s, p_delivery => %(delivery)s, p_error => %(error)s::jsonb,"
+    " p_result => %(result)s::jsonb, p_artifacts => %(artifacts)s::jsonb,"
+    " p_completed_by_turn => %(completed_by_turn)s) m"
+)
+
+
+def _json(value: Any) -> str | None:
+    # NULL leaves the field as it is (the function's rule).
+    return None if value is None else json.dumps(value)
 
 
 def transition(
@@ -43,56 +61,62 @@ def transition(
     actor: str,
     turn_id: uuid.UUID | None = None,
     detail: dict[str, Any] | None = None,
-    **fields: Any,
+    error: dict[str, Any] | None = None,
+    result: Any = None,
+    artifacts: list | None = None,
+    completed_by_turn: Any = None,
 ) -> str:
     """Move a ticket from ``expected`` to ``to``; returns the prior state.
 
     Refuses edges the state machine does not have (a programming error) and
     a prior state that does not match (a race lost): both write nothing.
+    The fields a move may carry: ``error`` (a cancel given none gets the one
+    cancel text, ``claimcheck_ticket_cancelled_error``), ``result`` and
+    ``artifacts``, ``completed_by_turn`` (a turn or its id); None leaves a
+    field as it is.
     """
-    expected = str(expected)
+    expected, to = str(expected), str(to)
     if to not in TICKET_EDGES[expected]:
         raise ValueError(f"no edge {expected} -> {to} in the ticket state machine")
-    now = timezone.now()
-    if to in TERMINAL_STATES:
-        fields.setdefault("finished_at", now)
+    params = {
+        "ticket": ticket_id,
+        "expected": expected,
+        "to": to,
+        "kind": kind,
+        "actor": actor,
+        "turn": turn_id,
+        "detail": json.dumps(detail or {}),
+        "now": timezone.now(),
+        "delivery": new_id(),
+        "error": _json(error),
+        "result": _json(result),
+        "artifacts": _json(artifacts),
+        "completed_by_turn": getattr(completed_by_turn, "pk", completed_by_turn),
+    }
     # savepoint=False: a refused transition raises before writing anything,
     # and every caller lets the error end its transaction (no savepoint
     # round trips on the hot path).
     with transaction.atomic(savepoint=False):
-        # The conditional UPDATE is the check (and takes the row lock): one
-        # statement when it wins.
-        updated = Ticket.objects.filter(id=ticket_id, state=expected).update(
-            state=to, updated_at=now, **fields
-        )
-        if not updated:
-            found = Ticket.objects.filter(id=ticket_id).values_list("state", flat=True).first()
+        with call_cursor() as cur:
+            cur.execute(_MOVE_SQL, params)
+            row = cur.fetchone()
+            names = tuple(column.name for column in cur.description)
+        assert names == MOVED_COLUMNS, names  # the SELECT list above
+        moved, found, delivery, due, reports = row
+        if not moved:
             if found is None:
                 raise NotFound(f"ticket {ticket_id} not found")
             raise InvalidTransition(
                 f"ticket {ticket_id} is {found}; {kind} needs {expected}", state=found
             )
-        terminal = terminal_hooks.context(ticket_id) if to in TERMINAL_STATES else None
-        if terminal is not None:
-            opened = terminal_hooks.open_delivery(*terminal)
-            if opened is not None:
-                # One event for the one transaction: the terminal event
-                # records the delivery it opened (fewer bytes per ticket).
-                detail = {**(detail or {}), "delivery_opened": opened}
-        append_event(
+        terminal_hooks.after_move(
             ticket_id=ticket_id,
+            expected=expected,
+            to=to,
             kind=kind,
-            actor=actor,
-            from_state=expected,
-            to_state=to,
             turn_id=turn_id,
-            detail=detail,
+            moved=terminal_hooks.Moved(delivery=delivery, due=due, reports=reports),
         )
-        observe.transition(  # metrics at commit; a turn's ids for the worker's log lines
-            ticket_id=ticket_id, expected=expected, to=to, kind=kind, turn_id=turn_id, fields=fields
-        )
-        if terminal is not None:
-            terminal_hooks.on_terminal(*terminal)
     return expected
 
 
@@ -115,10 +139,10 @@ def request_cancel(*, ticket_id: uuid.UUID, actor: str, reason: str = "") -> uui
                 to=TicketState.CANCELLED,
                 kind="cancelled",
                 actor=actor,
+                # No error given: the move writes the one cancel text
+                # (claimcheck_ticket_cancelled_error), as the finish of a
+                # running ticket's stopped turn does.
                 detail=why,
-                # One text for both ways a ticket is cancelled (the other:
-                # a running ticket's turn proven stopped, in the finish).
-                error=RawSQL("claimcheck_ticket_cancelled_error(p_actor => %s)", [actor]),
             )
             return None
         if ticket.state == TicketState.RUNNING:
@@ -142,7 +166,6 @@ def request_cancel(*, ticket_id: uuid.UUID, actor: str, reason: str = "") -> uui
 __all__ = [
     "append_event",
     "request_cancel",
-    "set_recorded_fields",
     "transition",
     "update_fields",
 ]

@@ -6,7 +6,7 @@ import base64
 import uuid
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from core.errors import Invalid, NotFound
 from core.times import iso
@@ -15,6 +15,7 @@ from endpoints.selectors import owned_endpoint_ids
 
 from . import search
 from .models import CallbackState, DeliveryState, Ticket, TicketEvent, TicketState
+from .rules import Visible
 
 MAX_PAGE = 200
 
@@ -26,29 +27,28 @@ def visible_tickets(user) -> QuerySet[Ticket]:
     """The tickets ``user`` may see (API.md "Who may see and do what"): the
     ones they submitted and those of the endpoints they own; staff see all.
 
-    The one place that rule lives: every list, count, trace and lookup on
-    behalf of a user starts from this queryset, so the filter runs in the
-    database and lists stay keyset-paginated. A caller who owns nothing gets
-    ``submitted_by = me``, the prefix of ticket_submitter_id_idx (one ordered
-    index scan); an owner's filter adds ``endpoint_id IN (owned)``, which the
-    (endpoint, -id) index serves.
+    Every list, count, trace and lookup on behalf of a user starts from this
+    queryset, so the filter runs in the database and lists stay
+    keyset-paginated. The rule is the database's, in one function
+    (``claimcheck_ticket_visible``, which admission's statement calls too),
+    inlined into this filter: a caller who owns nothing reads ``submitted_by
+    = me``, the prefix of ticket_submitter_id_idx (one ordered index scan);
+    an owner's filter adds ``endpoint_id = ANY (owned)``, which the
+    (endpoint, -id) index serves; staff's is no filter.
     """
     if user is None or not user.is_authenticated:
         return Ticket.objects.none()
-    owned = owned_endpoint_ids(user)
-    if owned is None:  # staff
-        return Ticket.objects.all()
-    mine = Q(submitted_by_id=user.id)
-    return Ticket.objects.filter(mine | Q(endpoint_id__in=owned) if owned else mine)
+    return Ticket.objects.filter(Visible(user.id, owned_endpoint_ids(user)))
 
 
 def search_scopes(user, endpoint_id: int | None = None) -> list[str] | None:
     """What a search inside input and result looks among (tickets.search
-    ``within``): the same rule as ``visible_tickets``, as the scoped index
-    names it. An endpoint the list is filtered by, if the caller sees all
-    of its tickets (staff, an owner); else the caller's own tickets and
-    their endpoints'. None for staff without an endpoint: every ticket.
-    Only an index's bound: the list's own filters still decide."""
+    ``within``): the scopes of the scoped index that hold every ticket
+    ``visible_tickets`` lets the caller see. An endpoint the list is
+    filtered by, if the caller sees all of its tickets (staff, an owner);
+    else the caller's own tickets and their endpoints'. None for staff
+    without an endpoint: every ticket. Only an index's bound, not the rule:
+    the list's own filter (``visible_tickets``) still decides."""
     if user is None or not user.is_authenticated:
         return []
     owned = owned_endpoint_ids(user)
@@ -63,12 +63,8 @@ def search_scopes(user, endpoint_id: int | None = None) -> list[str] | None:
 
 
 def may_see(user, ticket: Ticket) -> bool:
-    """Whether ``user`` may see this loaded ticket: the same rule as
-    ``visible_tickets`` (which decides when the answer is not obvious)."""
-    if user is None or not user.is_authenticated:
-        return False
-    if user.is_staff or (ticket.submitted_by_id is not None and ticket.submitted_by_id == user.id):
-        return True
+    """Whether ``user`` may see this loaded ticket: ``visible_tickets``
+    asked about it (the rule has one home, in the database)."""
     return visible_tickets(user).filter(id=ticket.id).exists()
 
 

@@ -16,9 +16,8 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import transaction
 
-from core import observe
 from core.canonical import canonical_json
-from core.dispatch import DELIVER, DISPATCH_CHANNEL, publish
+from core.dispatch import DISPATCH_CHANNEL
 from core.errors import DomainError, StaleTurn
 from core.wakes import wake
 from tickets import lifecycle, terminal
@@ -145,9 +144,10 @@ def finish_turn(
        unless the outcome is a *late outcome* the turn produced before the
        interrupt was requested (below): that is the turn's result, step 4.
     4. Otherwise apply the outcome: success / failure / wait for children;
-       the context entry; the ticket's transition and its event; for a
-       terminal ticket that answers a requester, its delivery
-       (``claimcheck_open_delivery``).
+       the context entry; the ticket's move, its event and, for a terminal
+       ticket that answers a requester, its delivery -- from the parts
+       every move of a ticket shares (``claimcheck_ticket_owes``,
+       ``claimcheck_ticket_write``: tickets/lifecycle.py).
     5. Release the lock (``claimcheck_release_lock``): the endpoint's next
        marked ticket is unmarked and published after commit, or the
        dispatcher is woken; the worker's slot lets go of the turn. With
@@ -161,9 +161,11 @@ def finish_turn(
     wait's children are admitted first (undone if the outcome is refused; a
     child that cannot be admitted fails the turn instead), and after it a
     callback turn's resume of the ticket it reports to, the callback record
-    of a callback ticket, and the callback a child owes its parent. A root
-    ticket's turn that succeeded or failed needs none of them: one
-    statement, its own transaction in autocommit.
+    of a callback ticket, and what the move leaves to Python
+    (``tickets.terminal.after_move``, as for every move: the callback a
+    child owes its parent, a due delivery's send, the wake, the metrics). A
+    root ticket's turn that succeeded or failed needs no transaction of its
+    own: one statement in autocommit, then ``after_move``'s publishes.
 
     A late outcome (docs/explanation/design.md, "A late outcome"): the finish of the
     exact turn that finds it ``interrupting`` is its result when the runner
@@ -213,7 +215,11 @@ def finish_turn(
             if written.status == "finished":
                 _after(ticket=ticket, turn=turn, written=written, outcome=outcome, actor=actor)
     else:
+        # One statement in autocommit: what the move leaves to Python runs
+        # after its commit (a publish, a wake, the metrics; no callback).
         written = _call(**call)
+        if written.status == "finished":
+            _after(ticket=ticket, turn=turn, written=written, outcome=outcome, actor=actor)
     return _answer(
         written,
         turn=turn,
@@ -333,13 +339,13 @@ def _call(
 def _wake(written: _Written, *, ticket_id: uuid.UUID) -> None:
     """The listeners a finish concerns, woken after its commit (the
     function notifies nothing: core/wakes.py says why): the ticket's
-    watchers when it wrote an event, the next ticket's when it started one,
-    and the dispatcher when the lock was released with no ticket left to
-    publish (an admission committing meanwhile may have found the lock
-    held; a wake too many costs the dispatcher one pass)."""
-    if written.status not in ("finished", "stale"):
-        return
-    wake(TICKET_CHANNEL, str(ticket_id))
+    watchers when it recorded a stale outcome (a move's own wake is
+    ``after_move``'s), the next ticket's when it started one, and the
+    dispatcher when the lock was released with no ticket left to publish
+    (an admission committing meanwhile may have found the lock held; a wake
+    too many costs the dispatcher one pass)."""
+    if written.status == "stale":
+        wake(TICKET_CHANNEL, str(ticket_id))
     if written.status != "finished":
         return
     if written.started is not None:
@@ -349,15 +355,30 @@ def _wake(written: _Written, *, ticket_id: uuid.UUID) -> None:
 
 
 def _after(*, ticket: Ticket, turn: Turn, written: _Written, outcome: Outcome, actor: str) -> None:
-    """Other services' work in the finishing transaction (the caller's)."""
+    """Other services' work in the finishing transaction (the caller's),
+    then what the ticket's move leaves to Python (``terminal.after_move``,
+    the same as for every other move of a ticket)."""
     if outcome.resume is not None and written.turn_state == TurnState.COMPLETED:
         _apply_resume(ticket=ticket, turn=turn, resume=outcome.resume, actor=actor)
-    if written.ticket_state == TicketState.WAITING:
-        return  # not done: its callback is recorded, and owed, when it is
-    if written.turn_state in (TurnState.COMPLETED, TurnState.FAILED):
+    # A waiting ticket is not done: its callback is recorded when it is.
+    if written.ticket_state != TicketState.WAITING and written.turn_state in (
+        TurnState.COMPLETED,
+        TurnState.FAILED,
+    ):
         _record_callback(ticket, actor)
-    if ticket.return_to_id is not None:
-        terminal.after_terminal(ticket_id=ticket.id)
+    terminal.after_move(
+        ticket_id=ticket.id,
+        expected=TicketState.RUNNING,
+        to=written.ticket_state,
+        kind=_EVENT_KIND.get(written.turn_state, "turn_failed"),
+        turn_id=turn.id,
+        moved=terminal.Moved(
+            delivery=written.delivery,
+            due=written.due,
+            # An immutable column: the caller's copy of the ticket has it.
+            reports=ticket.return_to_id is not None,
+        ),
+    )
 
 
 def _answer(
@@ -406,19 +427,10 @@ def _answer(
         return Finished(
             accepted=True, ticket_state=written.ticket_state, duplicate=True, started=started
         )
-    # Metrics, the next ticket's message and a due webhook delivery, at commit.
-    observe.transition(
-        ticket_id=turn.ticket_id,
-        expected=TicketState.RUNNING,
-        to=written.ticket_state,
-        kind=_EVENT_KIND.get(written.turn_state, "turn_failed"),
-        turn_id=turn.id,
-        fields={},
-    )
+    # The next ticket's message, at commit (the move's own duties were
+    # after_move's, in _after).
     if written.next_ticket is not None:
         publish_next(written.next_ticket)
-    if written.due:
-        publish(DELIVER, str(written.delivery))
     if kind != "stopped" and written.turn_state == TurnState.STOPPED:
         log.warning(
             "turn %s seq %s: its outcome (%s, ran %s s) came after its interrupt: stopped",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from core import sqlfunctions
 from tests.db_roles import owner_session
@@ -238,3 +238,24 @@ def test_the_first_post_migrate_installs_every_folder_in_one_transaction(
     finally:
         with owner.cursor() as cur:
             cur.execute("DROP FUNCTION claimcheck_probe_v2(integer)")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sql_function_may_call_one_whose_file_sorts_after_its_own(owner, tmp_path):
+    """A LANGUAGE sql body is checked when it is created: the caller waits
+    for its callee's round (claimcheck_admit_existing calls
+    claimcheck_ticket_visible). A callee no file creates still fails."""
+    (tmp_path / "claimcheck_probe.sql").write_text(_fn("claimcheck_probe_z(q => p)"))
+    (tmp_path / "claimcheck_probe_z.sql").write_text(
+        _fn("q * 3", "q integer").replace("claimcheck_probe(", "claimcheck_probe_z(")
+    )
+    try:
+        assert sqlfunctions.install(owner, tmp_path) == ["claimcheck_probe_z", "claimcheck_probe"]
+        assert _call(owner, "SELECT claimcheck_probe(p => 2)") == 6
+    finally:
+        with owner.cursor() as cur:
+            cur.execute("DROP FUNCTION IF EXISTS claimcheck_probe(integer)")
+            cur.execute("DROP FUNCTION IF EXISTS claimcheck_probe_z(integer)")
+    (tmp_path / "claimcheck_probe_z.sql").unlink()
+    with pytest.raises(DatabaseError, match="claimcheck_probe_z"):
+        sqlfunctions.install(owner, tmp_path)

@@ -1,7 +1,8 @@
 """The parts of ``claimcheck_finish_turn`` (tickets/sql/), each called
-directly on a real running turn: the guard, the decision, the write, the
-duty after it, and the rule "answers a requester" (root-like) that the
-finish and ``tickets/terminal.py`` share. The whole function's behaviour is
+directly on a real running turn: the guard, the decision, what the move
+owes and the write (the parts every move of a ticket shares with
+``claimcheck_ticket_move``), the duty after it, and the rule "answers a
+requester" (root-like). The whole function's behaviour is
 tests/endpoints/test_turn_functions.py's."""
 
 from __future__ import annotations
@@ -175,6 +176,32 @@ def test_the_write_ends_the_turn_and_moves_the_ticket_with_its_event(make_endpoi
     )
     event = TicketEvent.objects.get(ticket_id=ticket, kind="turn_failed")
     assert (event.from_state, event.to_state, event.detail) == ("running", "failed", {"why": 1})
+
+
+def _owes(ticket, to):
+    with connection.cursor() as cur:
+        cur.execute(
+            """SELECT w.o_detail, w.o_delivery IS NOT NULL, w.o_delivery_state, w.o_due, w.o_rerun
+               FROM (SELECT t FROM tickets_ticket t WHERE t.id = %s) r(t),
+               claimcheck_ticket_owes(p_ticket => r.t, p_to => %s, p_detail => '{"k": 1}',
+                   p_delivery => gen_random_uuid(), p_now => clock_timestamp()) w""",
+            [ticket, to],
+        )
+        detail, opened, state, due, rerun = cur.fetchone()
+    return json.loads(detail) if isinstance(detail, str) else detail, opened, state, due, rerun
+
+
+def test_what_a_move_owes_is_a_terminal_roots_delivery_once(make_endpoint):
+    """claimcheck_ticket_owes: a ticket that stays open owes nothing; a
+    terminal root opens its delivery (recorded on the event's detail), and
+    only once; a child owes none (its parent answers)."""
+    ticket, _ = _running(make_endpoint, "parts.owes")
+    assert _owes(ticket, "waiting") == ({"k": 1}, False, None, False, None)
+    opened = {"k": 1, "delivery_opened": {"mode": "pull", "state": "pending"}}
+    assert _owes(ticket, "failed") == (opened, True, "pending", False, None)
+    assert _owes(ticket, "failed") == ({"k": 1}, False, None, False, None)  # open already
+    child = admit_ticket(endpoint="parts.owes", input={"c": 1}, parent_id=ticket).ticket
+    assert _owes(child.id, "cancelled") == ({"k": 1}, False, None, False, None)
 
 
 def test_the_duty_after_releases_the_lock_and_names_the_next_ticket(make_endpoint):

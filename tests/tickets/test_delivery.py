@@ -17,7 +17,7 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
@@ -377,11 +377,16 @@ def test_a_finished_root_opens_one_delivery_and_publishes_its_send(
     d = Delivery.objects.get(ticket=ticket)
     assert queued_tasks("control") == [(DELIVER, [str(d.id)])]  # real Redis
     assert d.next_attempt_at is not None  # the sweep finds it if the publish is lost
-    # Idempotent: a second call finds the same row, writes and publishes nothing.
+    # Idempotent: opening it again finds the row open and writes nothing.
     events = kinds(ticket.id)
-    with django_capture_on_commit_callbacks(execute=True):
-        assert delivery.on_root_terminal(ticket=ticket) == (d, None)
-    assert kinds(ticket.id) == events and len(queued_tasks("control")) == 1
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT * FROM claimcheck_open_delivery(p_ticket => %s, p_delivery => %s,"
+            " p_now => now())",
+            [ticket.id, uuid.uuid4()],
+        )
+        assert cur.fetchall() == []
+    assert kinds(ticket.id) == events and Delivery.objects.filter(ticket=ticket).count() == 1
     # The terminal event records the delivery it opened: one event for the
     # one transaction (issue 12), in the same words on both finish paths.
     terminal = TicketEvent.objects.get(ticket_id=ticket.id, kind="turn_completed")

@@ -11,7 +11,7 @@ changes the ticket's work state.
 
 Delivery state edges (``Ticket.delivery_state``)::
 
-    none              -> awaiting_approval | pending   on_root_terminal
+    none              -> awaiting_approval | pending   the terminal move (claimcheck_ticket_owes)
     awaiting_approval -> pending                       approve_ticket (an owner)
     pending|attempted -> attempted                     a webhook attempt failed, retry later
     pending|attempted -> delivered                     a 2xx answer, or a pull acknowledgement
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from .sending import Sent, send
 from .signing import backoff_s, signed_headers, signer
-from .states import acknowledge, approve_ticket, on_root_terminal, validate_webhook_url
+from .states import acknowledge, approve_ticket, validate_webhook_url
 from .sweep import sweep_due_deliveries
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "acknowledge",
     "approve_ticket",
     "backoff_s",
-    "on_root_terminal",
     "send",
     "signed_headers",
     "signer",

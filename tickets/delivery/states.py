@@ -1,6 +1,8 @@
-"""The delivery state machine: a delivery opened when a root ticket ends,
-an owner's approval, a pull acknowledgement (the edges are in the package
-docstring)."""
+"""The delivery state machine: an owner's approval, a pull
+acknowledgement (the edges are in the package docstring). A delivery is
+opened by the database, in the move that makes a ticket that answers a
+requester terminal (tickets/sql/claimcheck_ticket_owes.sql), its send
+published by tickets/terminal.py ``after_move``."""
 
 from __future__ import annotations
 
@@ -8,16 +10,15 @@ import logging
 import uuid
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from core import outbound
 from core.dispatch import DELIVER, publish
 from core.errors import Forbidden, InvalidTransition, NotFound
-from core.ids import new_id
 from endpoints.selectors import is_owner
 
-from ..events import set_recorded_fields, update_fields
+from ..events import update_fields
 from ..models import Delivery, DeliveryState, ObligationState, Ticket
 
 log = logging.getLogger(__name__)
@@ -26,40 +27,6 @@ log = logging.getLogger(__name__)
 def validate_webhook_url(url: str) -> None:
     """Refuse, at admission, a webhook target we must not call."""
     outbound.validate_outbound_url(url, label="webhook")
-
-
-def on_root_terminal(*, ticket: Ticket) -> tuple[Delivery, dict[str, str] | None]:
-    """Open the delivery of a root ticket that is becoming terminal.
-
-    Runs inside the terminal transition's transaction (``lifecycle.transition``),
-    which holds the ticket row: no I/O here (no DNS, no HTTP), only rows and an
-    after-commit publish. Returns the delivery and what the terminal event
-    records of it (``delivery_opened`` in that event's detail: one event for
-    the one transaction). Idempotent: the delivery is one-to-one with the
-    ticket, so a second call returns the existing row and nothing to record.
-    The obligation stays open: delivery closes it.
-    """
-    # claimcheck_open_delivery (tickets/sql/claimcheck_open_delivery.sql)
-    # writes the row, the one place it is written: the turn's finish calls it
-    # too. A plain INSERT: the caller holds the ticket's row lock (the
-    # terminal transition), and the one-to-one constraint would refuse a
-    # second row anyway.
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT o_id, o_mode, o_state, o_due FROM claimcheck_open_delivery("
-            "p_ticket => %s, p_delivery => %s, p_now => %s)",
-            [ticket.id, new_id(), timezone.now()],
-        )
-        row = cur.fetchone()
-    if row is None:
-        return Delivery.objects.get(ticket_id=ticket.id), None
-    delivery_id, mode, state, due = row
-    set_recorded_fields(ticket_id=ticket.id, delivery_state=state)
-    if due:
-        publish(DELIVER, str(delivery_id))
-    # No id: the ticket has this one delivery (one-to-one, pruned with it),
-    # and the delivery's own events name it.
-    return Delivery.objects.get(id=delivery_id), {"mode": mode, "state": state}
 
 
 def locked_ticket(ticket_id: uuid.UUID) -> Ticket:

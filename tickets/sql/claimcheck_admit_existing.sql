@@ -15,8 +15,12 @@ CREATE OR REPLACE FUNCTION claimcheck_admit_existing(
 ) LANGUAGE sql STABLE AS $fn$
     SELECT 'existing'::text, t.id, p_endpoint, p_address, t.return_to_id,
         t.trace_id::text, t.depth, false,
-        EXISTS (SELECT 1 FROM auth_user_groups ug
-                WHERE ug.group_id = p_owners AND ug.user_id = p_submitted_by),
+        COALESCE(claimcheck_ticket_visible(p_submitted_by => t.submitted_by_id,
+            p_endpoint => t.endpoint_id, p_user => p_submitted_by,
+            p_owned => CASE WHEN EXISTS (SELECT 1 FROM auth_user_groups ug
+                                         WHERE ug.group_id = p_owners
+                                           AND ug.user_id = p_submitted_by)
+                            THEN ARRAY[t.endpoint_id] ELSE '{}'::bigint[] END), false),
         tu.seq, tu.state::text, rte.address::text, to_jsonb(t)
     FROM tickets_ticket t
     LEFT JOIN runtime_turn tu ON tu.id = t.turn_id

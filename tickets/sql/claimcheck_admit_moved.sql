@@ -21,8 +21,12 @@ CREATE OR REPLACE FUNCTION claimcheck_admit_moved(
 ) LANGUAGE sql STABLE AS $fn$
     SELECT 'existing'::text, t.id, e.id, e.address::text, t.return_to_id,
         t.trace_id::text, t.depth, false,
-        EXISTS (SELECT 1 FROM auth_user_groups ug
-                WHERE ug.group_id = e.owners_id AND ug.user_id = p_submitted_by),
+        COALESCE(claimcheck_ticket_visible(p_submitted_by => t.submitted_by_id,
+            p_endpoint => t.endpoint_id, p_user => p_submitted_by,
+            p_owned => CASE WHEN EXISTS (SELECT 1 FROM auth_user_groups ug
+                                         WHERE ug.group_id = e.owners_id
+                                           AND ug.user_id = p_submitted_by)
+                            THEN ARRAY[t.endpoint_id] ELSE '{}'::bigint[] END), false),
         tu.seq, tu.state::text, rte.address::text, to_jsonb(t)
     FROM tickets_ticket t
     JOIN endpoints_endpoint e ON e.id = t.endpoint_id

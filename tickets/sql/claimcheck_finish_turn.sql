@@ -4,11 +4,13 @@
 --      of an outcome already recorded, or a stale report (recorded here);
 --   3. the decision (claimcheck_finish_outcome): what the outcome makes of
 --      the turn and the ticket;
---   4. the duty owed before the write: a terminal ticket that answers a
---      requester (claimcheck_ticket_root_like) opens its delivery
---      (claimcheck_open_delivery), recorded on the transition's event;
---   5. the write (claimcheck_finish_write): turn, context entry, ticket,
---      event, worker slot;
+--   4. what the ticket owes before its move (claimcheck_ticket_owes, the
+--      part every move of a ticket shares: claimcheck_ticket_move): a
+--      terminal ticket that answers a requester opens its delivery,
+--      recorded on the transition's event;
+--   5. the write (claimcheck_finish_write): turn, context entry, the
+--      ticket's move and its event (claimcheck_ticket_write, shared with
+--      claimcheck_ticket_move), worker slot;
 --   6. the duty owed after it (claimcheck_finish_next): the lock released,
 --      the endpoint's next ticket started or returned.
 -- The signature and the result are the running release's contract
@@ -38,7 +40,6 @@ DECLARE
     v_out record;
     v_detail jsonb;
     v_del_id uuid;
-    v_del_mode text;
     v_del_state text;
     v_del_due boolean := false;
     v_next record;
@@ -95,19 +96,13 @@ BEGIN
         p_evidence => p_evidence, p_children => p_children, p_continuation => p_continuation,
         p_digest => p_digest, p_ran_s => p_ran_s, p_timing => v_timing,
         p_returned_by => v_returned_by, p_now => v_now) d;
-    v_detail := v_out.o_detail;
 
-    -- 4. The delivery a terminal ticket that answers a requester owes.
-    IF v_out.o_to <> 'waiting' AND claimcheck_ticket_root_like(
-            p_parent => t.parent_id, p_rerun_of => t.rerun_of_id,
-            p_obligation_state => t.obligation_state) THEN
-        SELECT o_id, o_mode, o_state, o_due INTO v_del_id, v_del_mode, v_del_state, v_del_due
-        FROM claimcheck_open_delivery(p_ticket => t.id, p_delivery => p_delivery, p_now => v_now);
-        IF v_del_id IS NOT NULL THEN
-            v_detail := v_detail || jsonb_build_object('delivery_opened',
-                jsonb_build_object('mode', v_del_mode, 'state', v_del_state));
-        END IF;
-    END IF;
+    -- 4. What the ticket owes before its move (a running ticket is never
+    --    superseded by a re-run: nothing passes).
+    SELECT w.o_detail, w.o_delivery, w.o_delivery_state, w.o_due
+    INTO v_detail, v_del_id, v_del_state, v_del_due
+    FROM claimcheck_ticket_owes(p_ticket => t, p_to => v_out.o_to, p_detail => v_out.o_detail,
+        p_delivery => p_delivery, p_now => v_now) w;
 
     -- 5. The write. The ticket row is locked and was checked above: a miss is a bug.
     IF NOT claimcheck_finish_write(p_ticket => t, p_turn => u,

@@ -1,10 +1,11 @@
--- The finish's write, one statement: the turn ends (with its stop evidence,
--- or its context entry), the ticket moves running -> p_to with its event
--- (its watchers are woken after commit: runtime/turns/finish.py), and the
--- pool process that sends it lets go of the turn it ran (Turn.released_at,
--- tickets/turns/slots.py; a turn run outside a worker has no slot).
--- False when the ticket was not running (the caller holds the row and
--- checked it: a bug).
+-- The finish's write: the ticket moves running -> p_to with its event
+-- (claimcheck_ticket_write, the one writer of a ticket's move and its
+-- event; its watchers are woken after commit: tickets/terminal.py
+-- after_move), then one statement: the turn ends (with its stop evidence,
+-- or its context entry), and the pool process that sends it lets go of the
+-- turn it ran (Turn.released_at, tickets/turns/slots.py; a turn run outside
+-- a worker has no slot). False when the ticket was not running (the caller
+-- holds the row and checked it: a bug): nothing written.
 CREATE OR REPLACE FUNCTION claimcheck_finish_write(
     p_ticket tickets_ticket, p_turn runtime_turn,
     p_turn_state text, p_to text, p_kind text, p_detail jsonb,
@@ -15,8 +16,15 @@ CREATE OR REPLACE FUNCTION claimcheck_finish_write(
 -- PL/pgSQL, not SQL: its statement's plan is kept for the session (a SQL
 -- function's would be made again on every call).
 DECLARE
-    v_updated integer;
+    v_done integer;
 BEGIN
+    IF NOT claimcheck_ticket_write(p_ticket => (p_ticket).id, p_expected => 'running',
+            p_to => p_to, p_kind => p_kind, p_actor => p_actor, p_turn => (p_turn).id,
+            p_detail => p_detail, p_now => p_now, p_error => p_error, p_result => p_result,
+            p_artifacts => p_artifacts, p_completed_by_turn => NULL,
+            p_delivery_state => p_delivery_state) THEN
+        RETURN false;
+    END IF;
     WITH tn AS (
         UPDATE runtime_turn SET state = p_turn_state, ended_at = p_now,
             stop_evidence = COALESCE(p_stop_evidence, stop_evidence),
@@ -30,24 +38,8 @@ BEGIN
         SELECT (p_turn).endpoint_id, (p_turn).id, (p_ticket).id, (p_turn).seq,
             (p_ticket).input, p_context, COALESCE(p_artifacts, '[]'::jsonb), p_now
         WHERE p_turn_state <> 'stopped'
-    ),
-    tu AS (
-        UPDATE tickets_ticket SET
-            state = p_to, updated_at = p_now,
-            finished_at = CASE WHEN p_to = 'waiting' THEN finished_at ELSE p_now END,
-            result = CASE WHEN p_to = 'succeeded' THEN p_result ELSE result END,
-            artifacts = CASE WHEN p_to = 'succeeded' THEN p_artifacts ELSE artifacts END,
-            error = CASE WHEN p_to IN ('failed', 'cancelled') THEN p_error ELSE error END,
-            delivery_state = COALESCE(p_delivery_state, delivery_state)
-        WHERE id = (p_ticket).id AND state = 'running'
-        RETURNING id
-    ),
-    ev AS (
-        INSERT INTO tickets_ticketevent (
-            ticket_id, kind, from_state, to_state, actor, turn_id, detail, at)
-        SELECT tu.id, p_kind, 'running', p_to, p_actor, (p_turn).id, p_detail, p_now FROM tu
     )
-    SELECT count(*) INTO v_updated FROM tu;
-    RETURN v_updated = 1;
+    SELECT 1 INTO v_done;
+    RETURN true;
 END
 $fn$;

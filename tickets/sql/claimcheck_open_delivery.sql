@@ -1,7 +1,8 @@
 -- The delivery of a ticket that became terminal, opened in the terminal
--- transition's transaction (the caller holds the ticket row and has checked
--- that the ticket answers a requester). Returns what the terminal event
--- records of it, or no row when one is open already. One statement.
+-- move's transaction by its one caller, claimcheck_ticket_owes (which holds
+-- the ticket row and has checked that the ticket owes one). Returns what
+-- the terminal event records of it, or no row when one is open already.
+-- One statement.
 CREATE OR REPLACE FUNCTION claimcheck_open_delivery(p_ticket uuid, p_delivery uuid, p_now timestamptz)
 RETURNS TABLE (o_id uuid, o_mode text, o_state text, o_due boolean)
 LANGUAGE plpgsql AS $fn$
