@@ -252,9 +252,19 @@ def _test_env() -> dict[str, str]:
     env["SWEEP_INTERVAL_S"] = "0.5"
     env["REDISPATCH_AFTER_S"] = "1"
     env["WORKER_HEARTBEAT_S"] = "0.5"
-    env["DB_CONN_MAX_AGE"] = "0"
+    # Connections kept between tasks, as in production (DB_CONN_MAX_AGE's
+    # default): a new PostgreSQL session for every task, every sweep
+    # included, was a large share of the CPU a worker's test costs (server
+    # and worker alike). A test about the setting sets its own.
+    env.pop("DB_CONN_MAX_AGE", None)
     env["PYTHONPATH"] = str(ROOT)
     env["C_FORCE_ROOT"] = "1"
+    # Celery's Django fixup runs Django's system checks at every start, which
+    # imports every URL, view and admin module a worker never serves: a large
+    # share of each start's CPU. The suite runs the checks itself
+    # (`manage.py check` in tests/console/test_security.py and
+    # tests/tickets/test_retention.py, and every `migrate`).
+    env["CELERY_SKIP_CHECKS"] = "1"
     # The project's own modules compiled once, by the first process, not by
     # every one of the ~120 the suite starts (`make install` compiles the
     # libraries' bytecode: Makefile).
