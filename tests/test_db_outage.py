@@ -67,11 +67,22 @@ class Stack:
             self.clients.pop().close()
 
 
-def _manage(env: dict[str, str], *args: str) -> str:
+# migrate, seed_demo, then create_api_key, whose key is the last line out.
+_SETUP = """
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", "--no-input", verbosity=0)
+call_command("seed_demo", "--allow-production")
+call_command("create_api_key", "ops", "--staff")
+"""
+
+
+def _setup(env: dict[str, str]) -> str:
     done = subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [sys.executable, "-c", _SETUP],
         cwd=ROOT,
-        env={**os.environ, **env},
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", **env},
         check=True,
         capture_output=True,
         text=True,
@@ -106,9 +117,8 @@ def stack(tmp_path_factory):
             "DATABASE_APP_ROLE": "",
             "DATABASE_MIGRATE_URL": "",
         }
-        _manage(env, "migrate", "--no-input", "-v0")
-        _manage(env, "seed_demo", "--allow-production")
-        key = _manage(env, "create_api_key", "ops", "--staff").strip().splitlines()[-1]
+        # The three steps in one interpreter (Django's start costs seconds).
+        key = _setup(env).strip().splitlines()[-1]
         stack = Stack(pg=pg, env=env, key=key, clients=[], web_log=tmp / "web.log")
         port = _free_port()
         with open(tmp / "web.log", "ab") as log:
@@ -134,8 +144,18 @@ def stack(tmp_path_factory):
             web.wait(timeout=20)
 
 
+@pytest.fixture(scope="module")
+def _kept(stack, tmp_path_factory):
+    """The ``outage_worker`` kept from one test to the next that asks for it."""
+    kept = Processes(tmp_path_factory.mktemp("outage-worker"), env=stack.env)
+    yield kept
+    kept.stop_all()
+
+
 @pytest.fixture
-def procs(stack, tmp_path):
+def procs(request, stack, tmp_path, _kept):
+    if "outage_worker" not in request.fixturenames:
+        _kept.stop_all()  # this test expects no worker but its own
     purge_broker()
     p = Processes(tmp_path, env=stack.env)
     yield p
@@ -143,13 +163,37 @@ def procs(stack, tmp_path):
     stack.close_clients()
 
 
+@pytest.fixture
+def outage_worker(request, procs, _kept):
+    """A worker on both queues with beat embedded, as two tests here need it
+    unconfigured: started by the first, kept for the next (one start fewer),
+    killed after a test that failed or before a test that does not ask for
+    it. Its log from this test on is the test's."""
+    if not _kept.alive("turns"):
+        _kept.worker(
+            queues="turns,control", concurrency=2, ready_timeout=READY_S, embedded_beat=True
+        )
+    _kept.log_start["turns"] = 0
+    _kept.log_start["turns"] = len(_kept.log("turns"))
+    yield _kept
+    report = getattr(request.node, "rep_call", None)
+    if report is None or report.failed:
+        _kept.stop_all()
+
+
 # Python and Django start slowly on a loaded 2-core machine.
 READY_S = 120
 
 
+def _get(url: str, **kw) -> httpx.Response:
+    # Plain HTTP, polled: verify=False spares loading the CA bundle into a
+    # TLS context at every call (most of a poll's CPU).
+    return httpx.get(url, timeout=10, verify=False, **kw)
+
+
 def _status(url: str, **kw) -> int | None:
     try:
-        return httpx.get(url, timeout=10, **kw).status_code
+        return _get(url, **kw).status_code
     except httpx.HTTPError:
         return None
 
@@ -176,8 +220,8 @@ def _console_session(stack: Stack) -> httpx.Client:
     return s
 
 
-def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
-    procs.worker(queues="turns,control", concurrency=2, ready_timeout=READY_S, embedded_beat=True)
+def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, outage_worker):
+    procs = outage_worker
     api = stack.api()
     # An outage shorter than heartbeat timeout + grace must never quarantine.
     r = api.patch("/endpoints/demo.sleep", json={"heartbeat_timeout_s": 15, "interrupt_grace_s": 3})
@@ -238,6 +282,61 @@ def test_a_finish_that_meets_a_postgres_restart_completes_once(stack, procs):
     wait_for(lambda: _ticket_state(api, nxt.json()["id"]) == "succeeded", timeout=30)
 
 
+OUTAGE_S = 10
+
+
+def _outage_lines(log: bytes) -> dict[str, int]:
+    lines = log.decode(errors="replace").splitlines()
+    # WARNING lines per (second, logger, cause): the cause is the message
+    # up to its first ": " (what failed), the error's text after it.
+    per_cause: dict[tuple[str, str, str], int] = {}
+    for line in lines:
+        parts = line.split(" ", 4)
+        if len(parts) == 5 and parts[2] == "WARNING":
+            key = (parts[1][:8], parts[3], parts[4].split(": ", 1)[0])
+            per_cause[key] = per_cause.get(key, 0) + 1
+    return {
+        "error": sum(" ERROR " in line for line in lines),
+        "warning": sum(" WARNING " in line for line in lines),
+        "traceback": sum(line.startswith("Traceback") for line in lines),
+        "most_per_cause_per_second": max(per_cause.values(), default=0),
+    }
+
+
+# Right after the test above, which starts the ``outage_worker`` this one keeps.
+def test_an_outage_logs_a_warning_per_cause_per_second_and_no_traceback(stack, outage_worker):
+    """While PostgreSQL is down the worker and the web app each say so once
+    a second per cause, at WARNING: no traceback per retry, no ERROR line
+    (alerting is for what an outage does not explain)."""
+    procs = outage_worker
+    api = stack.api()
+    assert api.get("/endpoints/demo.echo").status_code == 200
+    before = len(procs.log("turns"))
+    web_before = stack.web_log.stat().st_size
+    stack.pg.stop()
+    began = time.monotonic()
+    try:
+        # The outage itself, of a fixed length, the web app asked once a second.
+        def outage_over() -> bool:
+            assert api.get("/endpoints/demo.echo").status_code == 503
+            return time.monotonic() - began >= OUTAGE_S
+
+        wait_for(outage_over, timeout=OUTAGE_S + 10, interval=1.0)
+    finally:
+        stack.pg.start()
+    wait_for(lambda: api.get("/endpoints/demo.echo").status_code == 200, timeout=30)
+    worker = _outage_lines(procs.log("turns")[before:])
+    web = _outage_lines(stack.web_log.read_bytes()[web_before:])
+    print(f"outage {OUTAGE_S} s: turns worker {worker}, web {web}")
+    assert worker["traceback"] == 0, procs.log("turns")[-6000:].decode(errors="replace")
+    assert worker["error"] == 0, procs.log("turns")[-6000:].decode(errors="replace")
+    # Each process keeps its own count (as the web's 503 line does): the two
+    # pool processes may both run a sweep of one kind within a second here
+    # (SWEEP_INTERVAL_S is 0.5 s).
+    assert worker["most_per_cause_per_second"] <= 2, worker
+    assert web["traceback"] == 0 and web["error"] == 0, web
+
+
 def test_the_api_answers_503_while_postgres_is_down_and_recovers(stack, procs):
     api = stack.api()
     console = _console_session(stack)
@@ -261,7 +360,7 @@ def test_the_api_answers_503_while_postgres_is_down_and_recovers(stack, procs):
         assert page.status_code == 503 and int(page.headers["retry-after"]) >= 1
         assert "database is briefly unavailable" in page.text and "Traceback" not in page.text
         assert _status(f"{stack.base}/healthz") == 200  # alive, only not ready
-        ready = httpx.get(f"{stack.base}/readyz", timeout=10)
+        ready = _get(f"{stack.base}/readyz")
         assert ready.status_code == 503 and "database" in ready.json()["failed"]
     finally:
         stack.pg.start()
@@ -347,7 +446,7 @@ def test_readyz_reports_a_missing_sweeper_until_beat_runs(stack, procs):
     sweeps = {f"sweep:{name}" for name in SWEEP_TASKS}
 
     def failed() -> set[str] | None:
-        r = httpx.get(readyz, timeout=10)
+        r = _get(readyz)
         return set(r.json()["failed"]) if r.status_code in (200, 503) else None
 
     # A turns worker, but neither beat nor a control worker.
@@ -359,7 +458,7 @@ def test_readyz_reports_a_missing_sweeper_until_beat_runs(stack, procs):
     procs.worker(name="control", queues="control", ready_timeout=READY_S)
     procs.beat(ready_timeout=READY_S)
     wait_for(lambda: failed() == set(), timeout=60, message="readyz to be 200")
-    assert httpx.get(readyz, timeout=10).status_code == 200
+    assert _get(readyz).status_code == 200
     assert "Sweeper not running" not in console.get("/").text
 
     # An outage: the control worker's sweeps fail, the worker lives on, and
@@ -383,7 +482,7 @@ def test_readyz_reports_a_missing_sweeper_until_beat_runs(stack, procs):
     def budgets_swept_since_restart() -> bool:
         # readyz may be 200 at once on a sweep from before the outage (still
         # fresh); what must follow is a sweep that ran once the database was back.
-        checks = httpx.get(readyz, timeout=10).json()["checks"]
+        checks = _get(readyz).json()["checks"]
         finished = checks["sweep:budgets"]["last_finished_at"]
         return bool(finished) and datetime.fromisoformat(finished).timestamp() > restarted_at
 
@@ -396,57 +495,3 @@ def test_readyz_reports_a_missing_sweeper_until_beat_runs(stack, procs):
         timeout=30,
         message="readyz to notice that beat is gone",
     )
-
-
-def _outage_lines(log: bytes) -> dict[str, int]:
-    lines = log.decode(errors="replace").splitlines()
-    # WARNING lines per (second, logger, cause): the cause is the message
-    # up to its first ": " (what failed), the error's text after it.
-    per_cause: dict[tuple[str, str, str], int] = {}
-    for line in lines:
-        parts = line.split(" ", 4)
-        if len(parts) == 5 and parts[2] == "WARNING":
-            key = (parts[1][:8], parts[3], parts[4].split(": ", 1)[0])
-            per_cause[key] = per_cause.get(key, 0) + 1
-    return {
-        "error": sum(" ERROR " in line for line in lines),
-        "warning": sum(" WARNING " in line for line in lines),
-        "traceback": sum(line.startswith("Traceback") for line in lines),
-        "most_per_cause_per_second": max(per_cause.values(), default=0),
-    }
-
-
-def test_an_outage_logs_a_warning_per_cause_per_second_and_no_traceback(stack, procs):
-    """While PostgreSQL is down the worker and the web app each say so once
-    a second per cause, at WARNING: no traceback per retry, no ERROR line
-    (alerting is for what an outage does not explain)."""
-    procs.worker(queues="turns,control", concurrency=2, ready_timeout=READY_S, embedded_beat=True)
-    api = stack.api()
-    assert api.get("/endpoints/demo.echo").status_code == 200
-    before = len(procs.log("turns"))
-    web_before = stack.web_log.stat().st_size
-    stack.pg.stop()
-    began = time.monotonic()
-    try:
-        # The outage itself, of a fixed length, the web app asked once a second.
-        def outage_over() -> bool:
-            assert api.get("/endpoints/demo.echo").status_code == 503
-            return time.monotonic() - began >= OUTAGE_S
-
-        wait_for(outage_over, timeout=OUTAGE_S + 10, interval=1.0)
-    finally:
-        stack.pg.start()
-    wait_for(lambda: api.get("/endpoints/demo.echo").status_code == 200, timeout=30)
-    worker = _outage_lines(procs.log("turns")[before:])
-    web = _outage_lines(stack.web_log.read_bytes()[web_before:])
-    print(f"outage {OUTAGE_S} s: turns worker {worker}, web {web}")
-    assert worker["traceback"] == 0, procs.log("turns")[-6000:].decode(errors="replace")
-    assert worker["error"] == 0, procs.log("turns")[-6000:].decode(errors="replace")
-    # Each process keeps its own count (as the web's 503 line does): the two
-    # pool processes may both run a sweep of one kind within a second here
-    # (SWEEP_INTERVAL_S is 0.5 s).
-    assert worker["most_per_cause_per_second"] <= 2, worker
-    assert web["traceback"] == 0 and web["error"] == 0, web
-
-
-OUTAGE_S = 10

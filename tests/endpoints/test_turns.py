@@ -408,7 +408,7 @@ def test_a_worker_keeps_its_database_connection_from_turn_to_turn(celery_procs, 
             return cur.fetchone()[0]
 
     make_endpoint("reuse", path="runtime.demo.echo", isolation="inline")
-    celery_procs.env["DB_CONN_MAX_AGE"] = "60"  # production's default (the tests' is 0)
+    celery_procs.env["DB_CONN_MAX_AGE"] = "60"  # production's default, whatever the tests' is
     celery_procs.worker(concurrency=1)
     warm = admit_ticket(endpoint="reuse", input={"n": -1}).ticket.id
     wait_for(terminal([warm]), message="the first turn")

@@ -106,6 +106,9 @@ def base_env() -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="config.settings",
         PYTHONPATH=str(ROOT),
         C_FORCE_ROOT="1",  # the machine's shells run as root
+        # No Django system checks at each Celery start (tests/conftest.py,
+        # _test_env): the migration above runs them.
+        CELERY_SKIP_CHECKS="1",
         LOG_LEVEL="INFO",
         # Let the test runner be configured on endpoints (the operator's allow-list).
         RUNNER_PYTHON_ALLOWED_PREFIXES="runtime.demo.,tests.faults.runners",
