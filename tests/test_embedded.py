@@ -105,6 +105,18 @@ def _start(
     return sup, lines, reader
 
 
+def _tear_down(sup, reader, var: Path) -> None:
+    """Whatever a test left running under ``var`` is killed, and ``var`` goes."""
+    if sup.poll() is None:
+        os.killpg(sup.pid, signal.SIGKILL)
+        sup.wait()
+    for leftover in _processes_under(var):
+        os.kill(int(leftover.split(":")[0]), signal.SIGKILL)
+    reader.join(timeout=5)
+    sup.stdout.close()
+    shutil.rmtree(var.parent, ignore_errors=True)
+
+
 def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
     # Not pytest's tmp_path: as root the servers run as an unprivileged user,
     # who must reach var/ (pytest's base directory is private to root).
@@ -226,14 +238,7 @@ def test_make_run_starts_the_embedded_stack_serves_a_turn_and_stops_it_whole():
             message="every process gone with its supervisor",
         )
     finally:
-        if sup.poll() is None:
-            os.killpg(sup.pid, signal.SIGKILL)
-            sup.wait()
-        for leftover in _processes_under(var):
-            os.kill(int(leftover.split(":")[0]), signal.SIGKILL)
-        reader.join(timeout=5)
-        sup.stdout.close()
-        shutil.rmtree(var.parent, ignore_errors=True)
+        _tear_down(sup, reader, var)
 
 
 def test_a_start_that_fails_stops_everything():
@@ -250,11 +255,4 @@ def test_a_start_that_fails_stops_everything():
         assert "stopping (the start failed (exit code 1))" in "".join(lines), "".join(lines)
         assert not _processes_under(var), _processes_under(var)
     finally:
-        if sup.poll() is None:
-            os.killpg(sup.pid, signal.SIGKILL)
-            sup.wait()
-        for leftover in _processes_under(var):
-            os.kill(int(leftover.split(":")[0]), signal.SIGKILL)
-        reader.join(timeout=5)
-        sup.stdout.close()
-        shutil.rmtree(var.parent, ignore_errors=True)
+        _tear_down(sup, reader, var)
