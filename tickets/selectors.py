@@ -14,7 +14,7 @@ from endpoints.models import Endpoint
 from endpoints.selectors import owned_endpoint_ids
 
 from . import search
-from .models import CallbackState, DeliveryState, Ticket, TicketEvent, TicketState
+from .models import CallbackState, DeliveryState, LedgerEvent, Ticket, TicketEvent, TicketState
 
 MAX_PAGE = 200
 
@@ -251,7 +251,7 @@ def list_tickets(
     return rows[:limit], next_cursor
 
 
-def event_payload(event: TicketEvent) -> dict[str, Any]:
+def event_payload(event: LedgerEvent) -> dict[str, Any]:
     return {
         "kind": event.kind,
         "from_state": event.from_state,
@@ -263,8 +263,10 @@ def event_payload(event: TicketEvent) -> dict[str, Any]:
     }
 
 
-def ticket_events(ticket_id: uuid.UUID) -> list[TicketEvent]:
-    return list(TicketEvent.objects.filter(ticket_id=ticket_id).order_by("id"))
+def ticket_events(ticket_id: uuid.UUID) -> list[LedgerEvent]:
+    """The ticket's events oldest first, its admission event first whether
+    the ticket row implies it or it is a row (LedgerEvent)."""
+    return list(LedgerEvent.objects.filter(ticket_id=ticket_id).order_by("id"))
 
 
 def lineage(ticket: Ticket, *, user) -> dict[str, Any]:
@@ -429,7 +431,7 @@ def change_token(ticket_id: uuid.UUID | str) -> str:
     (console live regions). One indexed read; "" for a ticket that is not
     there (a ticket has its admission event from the start)."""
     newest = (
-        TicketEvent.objects.filter(ticket_id=ticket_id)
+        LedgerEvent.objects.filter(ticket_id=ticket_id)
         .order_by("-id")
         .values_list("id", flat=True)
         .first()
@@ -437,9 +439,20 @@ def change_token(ticket_id: uuid.UUID | str) -> str:
     return "" if newest is None else str(newest)
 
 
+# The newest tickets whose admission events ledger_change_token reads: more
+# than are admitted between one ticket's id (taken before its admission)
+# and its commit.
+ADMISSION_TAIL = 32
+
+
 def ledger_change_token() -> str:
-    """The newest event of the whole ledger (a backward step of the primary
-    key): what a list or the dashboard last saw. It moves with any ticket's
-    change; a page re-reads what its user may see."""
-    newest = TicketEvent.objects.order_by("-id").values_list("id", flat=True).first()
-    return str(newest or 0)
+    """The newest event of the whole ledger: what a list or the dashboard
+    last saw. It moves with any ticket's change; a page re-reads what its
+    user may see. Backward steps of two primary keys: the newest event row,
+    and the admission events of the newest tickets (an admission writes no
+    event row: tickets.models.LedgerEvent; ticket ids are time-ordered, so a
+    ticket may commit after a newer one, hence a tail of them). As before,
+    an event committed after a higher id moves it only with the next change."""
+    row = TicketEvent.objects.order_by("-id").values_list("id", flat=True).first()
+    admitted = Ticket.objects.order_by("-id").values_list("admission_event", flat=True)
+    return str(max([row or 0, *(a for a in admitted[:ADMISSION_TAIL] if a is not None)]))
