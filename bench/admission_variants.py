@@ -17,7 +17,12 @@ from it by one thing:
 - ``no_trace``: without the trace row for a root that opens its own trace
   (the common case: no trace given, no parent);
 - ``no_event_trace``: without both;
-- ``admit_v2``: this tree's ``claimcheck_admit_v2``, as the application calls it.
+- ``admit_v2``: this tree's ``claimcheck_admit_v2``, as the application calls it
+  (the admission event implied by the ticket row);
+- ``admit_v2_row``: the same with the admission event as a row, as it
+  writes it while the previous release's ``claimcheck_admit`` is installed
+  (the old function is renamed ``bench_admit`` here, so ``admit_v2`` sees
+  none).
 
 Then the ticket's text-search GIN indexes (input, result, the scoped
 document), where the schema still has them, are dropped and ``admit`` and
@@ -168,25 +173,39 @@ def main() -> None:
         made = _variants(source)
         for text in made.values():
             db.execute(text)
+        # claimcheck_admit_v2 writes its admission event as a row while a
+        # claimcheck_admit is installed: the old one runs under another name.
+        db.execute("ALTER FUNCTION claimcheck_admit RENAME TO bench_admit")
+        v2 = db.execute("SELECT pg_get_functiondef('claimcheck_admit_v2'::regproc)").fetchone()[0]
+        gate = "to_regproc('claimcheck_admit') IS NULL"
+        if gate in v2:
+            db.execute(
+                v2.replace(gate, "false").replace(
+                    "public.claimcheck_admit_v2(", "public.bench_admit_v2_row(", 1
+                )
+            )
         gin = [
             name
             for (name,) in db.execute(
                 "SELECT indexname FROM pg_indexes WHERE indexname = ANY(%s)", [list(GIN)]
             )
         ]
-    admit = concurrency.SCRIPTS["admit"].replace("claimcheck_admit_v2(", "claimcheck_admit(")
+    admit = concurrency.SCRIPTS["admit"].replace("claimcheck_admit_v2(", "bench_admit(")
     scripts = {"insert": concurrency.SCRIPTS["insert"], "admit": admit}
     for name in made:
-        scripts[name] = admit.replace("claimcheck_admit(", f"bench_{name}(")
+        scripts[name] = admit.replace("bench_admit(", f"bench_{name}(")
     # This tree's claimcheck_admit_v2, beside them in the same run.
     scripts["admit_v2"] = concurrency.SCRIPTS["admit"]
+    if gate in v2:
+        scripts["admit_v2_row"] = admit.replace("bench_admit(", "bench_admit_v2_row(")
     scripts["procrastinate"] = concurrency.SCRIPTS["procrastinate"]
     concurrency.SCRIPTS.update(scripts)
     phases = [list(scripts)]
     if gin:
         phases.append(
-            ["admit", *(["no_event_trace"] if "no_event_trace" in made else []), "admit_v2"]
-        )
+            ["admit", *(["no_event_trace"] if "no_event_trace" in made else []), "admit_v2",
+             *(["admit_v2_row"] if "admit_v2_row" in scripts else [])]
+        )  # fmt: skip
     if args.counts:
         counted: dict[str, dict[str, float]] = {}
         try:

@@ -87,7 +87,15 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from endpoints.models import Endpoint, EndpointGeneration
-from tickets.models import Callback, ContextEntry, EndpointLock, Ticket, TicketEvent, Turn
+from tickets.models import (
+    Callback,
+    ContextEntry,
+    EndpointLock,
+    LedgerEvent,
+    Ticket,
+    TicketEvent,
+    Turn,
+)
 
 from .models import RecoveryCase
 
@@ -176,6 +184,9 @@ def _tables() -> dict[str, str]:
         "entry": ContextEntry._meta.db_table,
         "ticket": Ticket._meta.db_table,
         "event": TicketEvent._meta.db_table,
+        # The event rows and the admission events ticket rows imply: the
+        # transition chain starts at the admission either way.
+        "event_all": LedgerEvent._meta.db_table,
         "callback": Callback._meta.db_table,
         "case": RecoveryCase._meta.db_table,
         "generation": EndpointGeneration._meta.db_table,
@@ -490,7 +501,8 @@ WHERE t.state = 'failed' AND t.error->>'code' IN ('timed_out', 'interrupted') {s
 _EVENTS = """
 WITH per AS (
     -- One pass over the transition events (admission included: '' ->
-    -- queued) in (ticket, id) order, folded to one row per ticket.
+    -- queued, a row or implied by the ticket's) in (ticket, id) order,
+    -- folded to one row per ticket.
     SELECT ev.ticket_id,
         max(ev.id) AS last_id,
         max(ev.to_state) FILTER (WHERE ev.is_last) AS last_to,
@@ -507,7 +519,7 @@ WITH per AS (
             NOT claimcheck_ticket_edge_ok(p_from => e.from_state, p_to => e.to_state)
                 AS forbidden,
             lead(e.id) OVER o IS NULL AS is_last
-        FROM {event} e
+        FROM {event_all} e
         WHERE e.to_state <> '' {scope_ev}
         WINDOW o AS (PARTITION BY e.ticket_id ORDER BY e.id)
     ) ev
@@ -529,10 +541,12 @@ WITH per AS (
 )
 SELECT v.kind, v.ids, v.detail
 FROM flagged f
+-- By id, the rows: an implied admission is first and along an edge, never
+-- broken or forbidden.
 LEFT JOIN {event} b ON b.id = f.broken_id
 LEFT JOIN {event} fb ON fb.id = f.forbidden_id
 LEFT JOIN LATERAL (
-    SELECT p.to_state FROM {event} p
+    SELECT p.to_state FROM {event_all} p
     WHERE p.ticket_id = f.id AND p.id < f.broken_id AND p.to_state <> ''
     ORDER BY p.id DESC LIMIT 1
 ) prev ON true

@@ -66,7 +66,15 @@ from runtime import turns as runtime
 from runtime.runners import Outcome
 from tests.conftest import purge_broker, wait_for
 from tickets.admission import admit_ticket
-from tickets.models import TURN_ACTIVE_STATES, ContextEntry, EndpointLock, Ticket, TicketEvent, Turn
+from tickets.models import (
+    TURN_ACTIVE_STATES,
+    ContextEntry,
+    EndpointLock,
+    LedgerEvent,
+    Ticket,
+    TicketEvent,
+    Turn,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -614,7 +622,7 @@ class Lifecycle(RuleBasedStateMachine):
         )
         # The last transition event of each ticket (PostgreSQL's DISTINCT ON).
         last_events = dict(
-            TicketEvent.objects.filter(ticket__endpoint__address__in=addresses)
+            LedgerEvent.objects.filter(ticket__endpoint__address__in=addresses)
             .exclude(to_state="")
             .order_by("ticket_id", "-id")
             .distinct("ticket_id")

@@ -556,7 +556,7 @@ def test_a_rolling_upgrade_from_the_previous_release(scratch, tmp_path):  # noqa
             others,
             ledger.rows(
                 "SELECT tk.id, e.address, tk.state, tk.error, (SELECT array_agg(ev.kind "
-                "ORDER BY ev.id) FROM tickets_ticketevent ev WHERE ev.ticket_id = tk.id) "
+                "ORDER BY ev.id) FROM tickets_ticketevent_all ev WHERE ev.ticket_id = tk.id) "
                 "FROM tickets_ticket tk JOIN endpoints_endpoint e ON e.id = tk.endpoint_id "
                 "WHERE tk.state <> 'succeeded' AND NOT tk.id::text = ANY(%s)",
                 [list(cut)],

@@ -186,6 +186,11 @@ def admit_ticket(
 # back.
 _TICKET_FIELDS = tuple(Ticket._meta.concrete_fields)
 _TICKET_ATTNAMES = [f.attname for f in _TICKET_FIELDS]
+# A new ticket as _admitted builds it: all but its implied admission event's
+# id and actor, which the function does not return (deferred: read if asked
+# for, and never written back by a save of the instance).
+_IMPLIED = ("admission_event", "admission_actor")
+_ADMITTED_ATTNAMES = [a for a in _TICKET_ATTNAMES if a not in _IMPLIED]
 # claimcheck_admit_v2: tickets/sql/claimcheck_admit_v2.sql.
 # Named arguments (a parameter added with a default shifts no caller); its
 # result read by column name (``Row``).
@@ -386,7 +391,8 @@ def _admitted(
 ) -> Admitted:
     """The ticket as the function inserted it, loaded as the ORM loads a row
     (from_db: positional, without the keyword handling of Ticket(**fields),
-    a noticeable share of an admission's time). The fields it leaves out are NULL."""
+    a noticeable share of an admission's time). The fields it leaves out are
+    NULL, but for the implied admission event's (deferred)."""
     status, endpoint_id, canonical_address = row["status"], row["endpoint"], row["address"]
     return_to_id, trace, depth, root = row["return_to"], row["trace"], row["depth"], row["root"]
     if status == "admitted_flagged":
@@ -422,7 +428,7 @@ def _admitted(
         "updated_at": now,
     }
     alias = connection.alias
-    ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, [values.get(a) for a in _TICKET_ATTNAMES])
+    ticket = Ticket.from_db(alias, _ADMITTED_ATTNAMES, [values.get(a) for a in _ADMITTED_ATTNAMES])
     # The endpoint as the function read it.
     ticket.endpoint = Endpoint.from_db(alias, ["id", "address"], [endpoint_id, canonical_address])
     if return_to_id is not None:

@@ -225,6 +225,15 @@ class Ticket(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The admission event this row implies (LedgerEvent; docs/explanation/scale.md,
+    # "What an admission writes"): its id, taken from the events' sequence
+    # at admission, and its actor. Its other fields are the row's own
+    # (``'' -> queued``, ``at`` = created_at, ``detail.parent``). Null for a
+    # ticket whose admission event is a row of TicketEvent. Written once:
+    # the database refuses a change of either (migration
+    # 0011_implied_admission_event).
+    admission_event = models.BigIntegerField(null=True, blank=True)
+    admission_actor = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [
@@ -403,6 +412,47 @@ class TicketEvent(models.Model):
     at = models.DateTimeField()
 
     class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.from_state}->{self.to_state}"
+
+
+class LedgerEvent(models.Model):
+    """Every event of a ticket, as its readers see it (the view
+    ``tickets_ticketevent_all``, migration 0011_implied_admission_event):
+    the rows of TicketEvent and the admission event a ticket row implies
+    (``Ticket.admission_event``).
+    The events API, the stream, the console's timeline and change tokens
+    and ``audit_ledger`` read this; writers append TicketEvent rows.
+
+    Filter by ``ticket``: the view's two halves are then the ticket's
+    posting list in the events' ticket index and the ticket's primary key.
+    An id alone finds an event row through its key, but an implied one only
+    by a scan of the tickets."""
+
+    id = models.BigIntegerField(primary_key=True)
+    ticket = models.ForeignKey(
+        Ticket, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
+    )
+    kind = models.CharField(max_length=64)
+    from_state = models.CharField(max_length=16, blank=True, default="")
+    to_state = models.CharField(max_length=16, blank=True, default="")
+    actor = models.CharField(max_length=200, blank=True, default="")
+    turn = models.ForeignKey(
+        "Turn",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+    )
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "tickets_ticketevent_all"
         ordering = ["id"]
 
     def __str__(self) -> str:

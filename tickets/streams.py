@@ -46,7 +46,7 @@ from django.http import StreamingHttpResponse
 from core.transient import TRANSIENT_ERRORS, describe, drop_broken_connection
 
 from . import selectors, waits
-from .models import TERMINAL_STATES, Ticket, TicketEvent
+from .models import TERMINAL_STATES, LedgerEvent, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -80,23 +80,25 @@ class _Cursor:
         self.recent: deque[tuple[float, int]] = deque()
         self.last = after  # the highest id read: the wait's token
 
-    def unsent(self, ticket_id: uuid.UUID) -> list[TicketEvent]:
+    def unsent(self, ticket_id: uuid.UUID) -> list[LedgerEvent]:
         now = time.monotonic()
         while self.recent and now - self.recent[0][0] > SETTLE_S:
             _, settled = self.recent.popleft()
             self.floor = max(self.floor, settled)
             self.sent.discard(settled)
         self.sent = {i for i in self.sent if i > self.floor}
-        # The ids first (an index-only read of the ticket's posting list),
-        # the rows only of those not sent yet.
-        ids = TicketEvent.objects.filter(ticket_id=ticket_id, id__gt=self.floor).values_list(
+        # The ids first (an index-only read of the ticket's posting list, and
+        # its row for the admission event it implies), the rows only of
+        # those not sent yet (by ticket too: an implied event has no index
+        # of its own).
+        ids = LedgerEvent.objects.filter(ticket_id=ticket_id, id__gt=self.floor).values_list(
             "id", flat=True
         )
         new = [i for i in ids if i not in self.sent]
         if not new:
             return []
         self.last = max(self.last, *new)
-        return list(TicketEvent.objects.filter(id__in=new).order_by("id"))
+        return list(LedgerEvent.objects.filter(ticket_id=ticket_id, id__in=new).order_by("id"))
 
     def mark(self, event_id: int) -> None:
         self.sent.add(event_id)
@@ -105,7 +107,7 @@ class _Cursor:
 
 def _latest_id(ticket_id: uuid.UUID) -> str:
     newest = (
-        TicketEvent.objects.filter(ticket_id=ticket_id)
+        LedgerEvent.objects.filter(ticket_id=ticket_id)
         .order_by("-id")
         .values_list("id", flat=True)
         .first()

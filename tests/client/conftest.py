@@ -86,20 +86,20 @@ class Ledger:
         )
 
     def events(self, ticket_id) -> list[str]:
-        from tickets.models import TicketEvent
+        from tickets.models import LedgerEvent
 
         return list(
-            TicketEvent.objects.filter(ticket_id=ticket_id)
+            LedgerEvent.objects.filter(ticket_id=ticket_id)
             .order_by("id")
             .values_list("kind", flat=True)
         )
 
     def event_ids(self, ticket_id) -> list[tuple[int, str]]:
         """The ticket's events as (id, kind), in id order."""
-        from tickets.models import TicketEvent
+        from tickets.models import LedgerEvent
 
         return list(
-            TicketEvent.objects.filter(ticket_id=ticket_id).order_by("id").values_list("id", "kind")
+            LedgerEvent.objects.filter(ticket_id=ticket_id).order_by("id").values_list("id", "kind")
         )
 
     def admit_without_key(self, endpoint: str, input: dict) -> str:  # noqa: A002

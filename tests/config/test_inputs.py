@@ -13,7 +13,7 @@ from django.test import override_settings
 
 from endpoints.models import Endpoint
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import LedgerEvent, Ticket
 
 pytestmark = pytest.mark.django_db
 
@@ -90,7 +90,7 @@ BAD_BODIES = [
 
 
 def counts() -> tuple[int, int, int]:
-    return Ticket.objects.count(), TicketEvent.objects.count(), Endpoint.objects.count()
+    return Ticket.objects.count(), LedgerEvent.objects.count(), Endpoint.objects.count()
 
 
 def assert_refused(resp, field: str, status: int = 400) -> dict:
@@ -341,11 +341,11 @@ def test_nul_in_a_console_filter_is_400_not_500(owner_client, make_endpoint):
 def test_nul_in_a_console_form_field_is_400_and_writes_nothing(owner_client, make_endpoint):
     endpoint = make_endpoint("alpha")
     ticket = admit_ticket(endpoint=endpoint.address, input={}).ticket
-    events = TicketEvent.objects.filter(ticket=ticket).count()
+    events = LedgerEvent.objects.filter(ticket=ticket).count()
     resp = owner_client.post(f"/tickets/{ticket.id}/obligation/", {"note": "late\x00"})
     assert resp.status_code == 400
     assert b"note" in resp.content
-    assert TicketEvent.objects.filter(ticket=ticket).count() == events
+    assert LedgerEvent.objects.filter(ticket=ticket).count() == events
 
 
 def test_nul_in_a_console_path_is_400(owner_client):

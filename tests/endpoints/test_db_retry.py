@@ -22,7 +22,7 @@ from runtime import turns as runtime
 from runtime.runners import Outcome
 from runtime.turns import execute, heartbeats
 from tickets.admission import admit_ticket
-from tickets.models import ContextEntry, EndpointLock, Ticket, TicketEvent, Turn
+from tickets.models import ContextEntry, EndpointLock, LedgerEvent, Ticket, TicketEvent, Turn
 
 from ..conftest import purge_broker, queued_tasks, wait_for
 from .chains import started_in_a_finish
@@ -188,7 +188,7 @@ def test_a_finish_whose_commit_lost_its_reply_is_recorded_exactly_once(
     assert len(flaky.calls) == 2  # retried once, after the committed attempt
     t = Ticket.objects.get(id=ticket.id)
     assert t.state == "succeeded" and t.result == {"echo": {"n": 1}}
-    kinds = list(TicketEvent.objects.filter(ticket=t).values_list("kind", flat=True))
+    kinds = list(LedgerEvent.objects.filter(ticket=t).values_list("kind", flat=True))
     assert kinds.count("turn_started") == 1 and kinds.count("turn_completed") == 1
     assert "stale_outcome" not in kinds
     assert ContextEntry.objects.filter(turn_id=turn_id).count() == 1

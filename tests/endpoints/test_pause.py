@@ -24,7 +24,7 @@ from tests.conftest import wait_for
 from tests.racing import race
 from tests.recovery.conftest import drive_to_quarantine
 from tickets.admission import admit_ticket
-from tickets.models import EndpointLock, Ticket, TicketEvent, Turn
+from tickets.models import EndpointLock, LedgerEvent, Ticket, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -430,7 +430,7 @@ def test_a_paused_ticket_keeps_no_event_of_its_own_until_it_starts(make_endpoint
     ticket = admit_ticket(endpoint="paused-quiet", input={}).ticket
     runtime.start_turn(ticket_id=ticket.id)
     runtime.dispatch_owed()
-    kinds = list(TicketEvent.objects.filter(ticket_id=ticket.id).values_list("kind", flat=True))
+    kinds = list(LedgerEvent.objects.filter(ticket_id=ticket.id).values_list("kind", flat=True))
     assert kinds == ["admitted"]
 
 

@@ -19,7 +19,15 @@ from runtime.runners import Outcome
 from tests.conftest import wait_for
 from tests.racing import race
 from tickets.admission import admit_ticket
-from tickets.models import ContextEntry, Delivery, EndpointLock, Ticket, TicketEvent, Turn
+from tickets.models import (
+    ContextEntry,
+    Delivery,
+    EndpointLock,
+    LedgerEvent,
+    Ticket,
+    TicketEvent,
+    Turn,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,7 +54,7 @@ def _shape(ticket_id):
     turn = Turn.objects.get(ticket_id=ticket_id)
     events = [
         (e.kind, e.from_state, e.to_state, e.actor.split(":")[0], e.detail)
-        for e in TicketEvent.objects.filter(ticket_id=ticket_id).order_by("id")
+        for e in LedgerEvent.objects.filter(ticket_id=ticket_id).order_by("id")
     ]
     entry = ContextEntry.objects.get(turn=turn)
     delivery = Delivery.objects.get(ticket_id=ticket_id)

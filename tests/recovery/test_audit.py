@@ -26,7 +26,7 @@ from runtime import turns as runtime
 from runtime.runners import Outcome
 from tests.db_roles import owner_session
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, Turn
+from tickets.models import Ticket, TicketEvent, Turn
 
 
 def run_audit(*args: str) -> tuple[int, str]:
@@ -561,6 +561,22 @@ def test_a_state_that_disagrees_with_the_last_event_is_named(ledger):
     status, out = run_audit()
     assert status == 1
     assert names(out, "event_state_mismatch", t2.id), out
+
+
+@pytest.mark.django_db
+def test_the_chain_starts_at_the_admission_the_ticket_row_implies(make_endpoint):
+    """A ticket's admission event is implied by its row (no event row): the
+    audit reads it as the chain's first link, whichever way it is written."""
+    make_endpoint("audit.implied")
+    implied, broken = admit("audit.implied", 1), admit("audit.implied", 2)
+    assert not TicketEvent.objects.filter(ticket_id__in=[implied.id, broken.id]).exists()
+    forged = forge_transition(broken.id, "running", "queued")  # after '' -> queued
+    status, out = run_audit()
+    assert status == 1
+    assert names(out, "event_state_mismatch", broken.id, forged), out
+    assert "the previous transition ended in queued" in out
+    assert not names(out, "event_state_mismatch", implied.id), out
+    assert "has no transition event" not in out
 
 
 @pytest.mark.django_db

@@ -22,7 +22,7 @@ from recovery.models import CaseEvidence, Decision, Inspection, Lesson
 from runtime import turns as runtime
 from runtime.runners import Outcome
 from tickets.admission import admit_ticket
-from tickets.models import ContextEntry, EndpointLock, Ticket, TicketEvent, Trace
+from tickets.models import ContextEntry, EndpointLock, LedgerEvent, Ticket, TicketEvent, Trace
 
 from .conftest import drive_to_quarantine, dump_ledger
 
@@ -42,13 +42,13 @@ def decide(q, user, action, inspection=None, rationale="because", evidence=""):
 
 
 def events(ticket_id):
-    return list(TicketEvent.objects.filter(ticket_id=ticket_id).order_by("id"))
+    return list(LedgerEvent.objects.filter(ticket_id=ticket_id).order_by("id"))
 
 
 def last_event(ticket_id, kind):
     """The latest event of one kind (other issues' hooks, such as delivery,
     may append their own events around ours)."""
-    return TicketEvent.objects.filter(ticket_id=ticket_id, kind=kind).latest("id")
+    return LedgerEvent.objects.filter(ticket_id=ticket_id, kind=kind).latest("id")
 
 
 # --- Quarantine (the starting point) -------------------------------------------------------

@@ -11,7 +11,7 @@ from django.db import connection, connections
 
 from core.errors import DedupeConflict
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent
+from tickets.models import LedgerEvent, Ticket
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +27,7 @@ def test_new_ticket_is_queued_with_an_admitted_event(api, make_endpoint):
     assert body["dedupe_key"] == "k1"
     assert body["depth"] == 0 and body["parent"] is None
     assert body["obligation"]["state"] == "open"
-    events = list(TicketEvent.objects.filter(ticket_id=body["id"]).values_list("kind", "to_state"))
+    events = list(LedgerEvent.objects.filter(ticket_id=body["id"]).values_list("kind", "to_state"))
     assert events == [("admitted", "queued")]
 
 
@@ -297,7 +297,7 @@ def test_concurrent_identical_admissions_make_one_ticket(make_endpoint):
     assert len({r[0] for r in results}) == 1
     assert sum(1 for r in results if not r[1]) == 1  # exactly one caller created it
     assert Ticket.objects.filter(dedupe_key="one").count() == 1
-    assert TicketEvent.objects.filter(kind="admitted").count() == 1
+    assert LedgerEvent.objects.filter(kind="admitted").count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -439,7 +439,7 @@ def test_admission_is_prepared_only_when_the_setting_says(
     assert not first.duplicate and not second.duplicate and again.duplicate
     assert again.ticket.id == first.ticket.id
     assert Ticket.objects.filter(endpoint__address="alpha").count() == 2
-    assert TicketEvent.objects.filter(kind="admitted").count() == 2
+    assert LedgerEvent.objects.filter(kind="admitted").count() == 2
     with connection.cursor() as cur:
         cur.execute("SELECT statement FROM pg_prepared_statements")
         kept = [row[0] for row in cur.fetchall()]

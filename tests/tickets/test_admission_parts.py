@@ -17,7 +17,7 @@ from core.errors import CircuitOpen
 from endpoints import services as directory
 from tickets import budgets, traces
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent, Trace
+from tickets.models import LedgerEvent, Ticket, TicketEvent, Trace
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +34,7 @@ def test_a_root_opening_its_own_trace_writes_its_row_and_event_only(make_endpoin
     root = admit_ticket(endpoint="lean.echo", input={"a": 1}, dedupe_key="k").ticket
     assert root.trace_id == root.id.hex
     assert not Trace.objects.filter(id=root.trace_id).exists()
-    assert list(TicketEvent.objects.filter(ticket=root).values_list("kind", flat=True)) == [
+    assert list(LedgerEvent.objects.filter(ticket=root).values_list("kind", flat=True)) == [
         "admitted"
     ]
     assert traces.counted(root.trace_id) == 1

@@ -18,7 +18,7 @@ from runtime import turns as runtime
 from tests.waiting import wait_for
 from tickets import budgets
 from tickets.admission import admit_ticket
-from tickets.models import Ticket, TicketEvent, Trace, Turn
+from tickets.models import LedgerEvent, Ticket, TicketEvent, Trace, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,7 +114,7 @@ def test_concurrent_charges_lose_nothing_and_cross_once(make_endpoint, settings)
     assert trace.exhausted_at is not None and trace.exhausted_reason == "tokens"
     assert sum(1 for r in results if r.exhausted) == 1
     assert sum(1 for r in results if r.warned) == 1
-    kinds = list(TicketEvent.objects.filter(ticket=root).values_list("kind", flat=True))
+    kinds = list(LedgerEvent.objects.filter(ticket=root).values_list("kind", flat=True))
     assert kinds.count("trace_budget_warning") == 1
     assert kinds.count("trace_budget_exhausted") == 1
 

@@ -13,7 +13,7 @@ from django.test import override_settings
 from runtime import services as runtime_services
 from tests.conftest import wait_for
 from tickets import callbacks, tasks
-from tickets.models import Callback, Ticket, TicketEvent, Trace, Turn
+from tickets.models import Callback, LedgerEvent, Ticket, TicketEvent, Trace, Turn
 
 pytestmark = pytest.mark.django_db
 
@@ -80,7 +80,7 @@ def test_research_with_three_children_completes_through_callbacks(api, make_endp
     assert parent["completed_by_turn"] == str(root.completed_by_turn_id)
     # 1 root + 3 children + 3 callbacks on one trace, counted by the breaker.
     assert Trace.objects.get(id=parent["trace_id"]).tickets == 7
-    kinds = list(TicketEvent.objects.filter(ticket_id=root_id).values_list("kind", flat=True))
+    kinds = list(LedgerEvent.objects.filter(ticket_id=root_id).values_list("kind", flat=True))
     assert kinds[:3] == ["admitted", "turn_started", "waiting_for_children"]
     # Callbacks that ran before every child was done left it waiting; one resumed it.
     between = kinds[3 : kinds.index("resumed")]

@@ -32,7 +32,7 @@ from tests.conftest import purge_broker, queued_tasks, wait_for
 from tickets import delivery, tasks
 from tickets.delivery import states as delivery_states
 from tickets.delivery import sweep as delivery_sweep
-from tickets.models import Delivery, DeliveryAttempt, Ticket, TicketEvent
+from tickets.models import Delivery, DeliveryAttempt, LedgerEvent, Ticket, TicketEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -171,7 +171,7 @@ def drive(delivery_id, *, until: set[str], attempts: int = 20) -> Ticket:
 
 
 def kinds(ticket_id) -> list[str]:
-    return list(TicketEvent.objects.filter(ticket_id=ticket_id).values_list("kind", flat=True))
+    return list(LedgerEvent.objects.filter(ticket_id=ticket_id).values_list("kind", flat=True))
 
 
 def user_api(api, username: str, *, staff: bool = False):

@@ -29,7 +29,7 @@ from tests.conftest import ROOT
 from tests.recovery.conftest import drive_to_quarantine, owner  # noqa: F401 - fixture
 from tickets import delivery, retention
 from tickets.admission import admit_ticket
-from tickets.models import Delivery, RetentionHold, Ticket, TicketEvent, Trace
+from tickets.models import Delivery, LedgerEvent, RetentionHold, Ticket, Trace
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -135,12 +135,12 @@ def test_prune_deletes_only_old_settled_traces(ledger):
     report = retention.prune(older_than_days=30, batch=1, keep_history=1)
     assert report.counts == dry.counts, (report, dry)
     assert not exists(done)
-    assert not TicketEvent.objects.filter(ticket_id=done.id).exists()
+    assert not LedgerEvent.objects.filter(ticket_id=done.id).exists()
     assert not Delivery.objects.filter(ticket_id=done.id).exists()
     assert not Trace.objects.filter(id=done.trace_id).exists()
     for kept in (owed, case.ticket, open_case.ticket, recent):
         assert exists(kept), kept
-        assert TicketEvent.objects.filter(ticket_id=kept.id).exists()
+        assert LedgerEvent.objects.filter(ticket_id=kept.id).exists()
     assert recovery_rows() == before
     # Nothing more to do: a second run deletes nothing.
     again = retention.prune(older_than_days=30, keep_history=1)
@@ -248,7 +248,7 @@ def test_the_app_role_cannot_delete_append_only_rows_itself(ledger):
             connection.cursor() as cur,
         ):
             cur.execute(sql, [done.id] if "%s" in sql else None)
-    assert TicketEvent.objects.filter(ticket_id=done.id).exists()
+    assert LedgerEvent.objects.filter(ticket_id=done.id).exists()
     # The function refuses a recent cutoff (it re-checks the rule itself).
     with (
         connection.cursor() as cur,

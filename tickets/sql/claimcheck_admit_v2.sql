@@ -9,11 +9,11 @@
 --   claimcheck_admit_existing  the ticket holding the key, as the caller reads it
 --
 -- What admission writes is what the ledger needs then (docs/explanation/scale.md,
--- "What an admission writes"): the ticket's row and its admission event. A
--- root that opens its own trace (no trace given, no parent, not a re-run)
--- writes no trace row: the trace's count starts when a second ticket joins
--- it (claimcheck_admit_breaker counts the first then), and the prune finds
--- such a ticket alone (claimcheck_prune_ledger).
+-- "What an admission writes"): the ticket's row, which implies its admission
+-- event (step 3). A root that opens its own trace (no trace given, no
+-- parent, not a re-run) writes no trace row: the trace's count starts when
+-- a second ticket joins it (claimcheck_admit_breaker counts the first
+-- then), and the prune finds such a ticket alone (claimcheck_prune_ledger).
 --
 -- The result is claimcheck_admit's (retired: tickets/sql/RETIRED): one row,
 -- its status in o_status (tickets/admission.py turns a refusal into its
@@ -43,6 +43,7 @@ DECLARE
     v_refusal text;
     v_party text;
     v_flagged boolean;
+    v_implied boolean;
 BEGIN
     -- 0. A route that moved (docs/explanation/design.md, "Routes that move"):
     --    FOR SHARE holds the alias while this admission commits, so a move
@@ -154,30 +155,45 @@ BEGIN
         --    decides a race: a concurrent admission of the same key is
         --    waited for, and if it commits this inserts nothing (step 4
         --    returns it).
+        --
+        --    The admission event is implied by the row: its id, taken from
+        --    the events' sequence before any other event of the ticket can
+        --    be, and its actor (admission_event, admission_actor; the rest
+        --    is the row's: '' -> queued at created_at, its parent). Readers
+        --    read the view that adds it to the event rows
+        --    (tickets_ticketevent_all). The previous release's processes
+        --    read the rows only: while its claimcheck_admit is installed
+        --    (`post_deploy` drops it once none runs) the event is a row.
         IF v_refusal IS NULL THEN
             IF p_rerun_of IS NOT NULL AND p_parent IS NOT NULL THEN
                 v_root := EXISTS (SELECT 1 FROM tickets_ticket o
                                   WHERE o.id = p_rerun_of AND o.obligation_state <> 'none');
             END IF;
+            v_implied := to_regproc('claimcheck_admit') IS NULL;
             INSERT INTO tickets_ticket (
                 id, endpoint_id, dedupe_key, input_sha256, input, parent_id, trace_id, depth, state,
                 artifacts, return_to_id, continuation, callback_for_id, rerun_of_id, requester,
                 submitted_by_id, callback_state, delivery_state, needs_dispatch, obligation_state,
-                obligation_due_at, obligation_overdue, obligation_note, created_at, updated_at)
+                obligation_due_at, obligation_overdue, obligation_note, created_at, updated_at,
+                admission_event, admission_actor)
             VALUES (p_id, e.id, p_dedupe_key, p_sha, p_input, p_parent, v_trace, v_depth, 'queued',
                 '[]'::jsonb, v_rt, p_continuation, p_callback_for, p_rerun_of,
                 p_requester, p_submitted_by,
                 CASE WHEN p_return_to IS NOT NULL THEN 'pending' ELSE 'none' END, 'none', true,
                 CASE WHEN v_root THEN 'open' ELSE 'none' END, CASE WHEN v_root THEN p_due END,
-                false, '', p_now, p_now)
+                false, '', p_now, p_now,
+                CASE WHEN v_implied THEN nextval('tickets_ticketevent_id_seq') END,
+                CASE WHEN v_implied THEN p_actor ELSE '' END)
             ON CONFLICT (endpoint_id, dedupe_key) DO NOTHING;
             IF FOUND THEN
-                INSERT INTO tickets_ticketevent (
-                    ticket_id, kind, from_state, to_state, actor, detail, at)
-                VALUES (p_id, 'admitted', '', 'queued', p_actor,
-                    CASE WHEN p_parent IS NOT NULL
-                         THEN jsonb_build_object('parent', p_parent::text)
-                         ELSE '{}'::jsonb END, p_now);
+                IF NOT v_implied THEN
+                    INSERT INTO tickets_ticketevent (
+                        ticket_id, kind, from_state, to_state, actor, detail, at)
+                    VALUES (p_id, 'admitted', '', 'queued', p_actor,
+                        CASE WHEN p_parent IS NOT NULL
+                             THEN jsonb_build_object('parent', p_parent::text)
+                             ELSE '{}'::jsonb END, p_now);
+                END IF;
                 o_status := 'admitted';
                 -- 4. Its duties: a trace joined counts it (and is flagged
                 --    past its soft limit, with a warning on this ticket).
