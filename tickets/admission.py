@@ -17,11 +17,14 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import connection, transaction
+from django.db.models import Model
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from core import inputs, observe
@@ -58,6 +61,8 @@ from .models import (
 from .selectors import visible_tickets
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Model)
 
 
 @dataclass(frozen=True)
@@ -302,14 +307,27 @@ def _supersede_after_commit(row: Row, *, ticket_id: uuid.UUID) -> None:
         transaction.on_commit(lambda: superseding.supersede(turn_id, seq, ticket_id))
 
 
+# claimcheck_admit_v2's result columns without their ``o_``, read from the
+# first call's description and kept: psycopg builds a ``Column`` object per
+# column each time ``description`` is read, a share of admission's Python.
+# A function's result cannot change under its name (PostgreSQL refuses it in
+# place, and core/sqlfunctions.py refuses a file that would: a new result is
+# a new versioned name), so the first call's columns are every call's; a row
+# of another width is read afresh all the same.
+_columns: tuple[str, ...] = ()
+
+
 def _call(params: dict[str, Any]) -> Row:
     # One statement (in autocommit its own transaction), unprepared, so fine
     # behind PgBouncer in transaction mode. PL/pgSQL plans the function's
     # statements once per server session.
+    global _columns
     with call_cursor() as cur:
         cur.execute(_ADMIT_SQL, params)
         values = cur.fetchone()
-        return {c.name.removeprefix("o_"): v for c, v in zip(cur.description, values, strict=True)}
+        if len(_columns) != len(values):
+            _columns = tuple(c.name.removeprefix("o_") for c in cur.description)
+        return dict(zip(_columns, values, strict=True))
 
 
 def _require_submit(
@@ -381,12 +399,28 @@ def _refusal(status: str, row: Row, *, parent_id: uuid.UUID | None) -> Exception
     return RuntimeError(f"claimcheck_admit_v2 answered {status!r}")
 
 
+def _loaded(model: type[M], alias: str, attnames: list[str], values: list[Any]) -> M:
+    """What ``model.from_db(alias, attnames, values)`` returns, built as
+    unpickling builds an instance: the values put in place, no ``__init__``
+    (its per-field descriptors are most of what loading costs) and so no
+    ``pre_init`` / ``post_init`` signal, which nothing here listens to for
+    these models (should anything, ``from_db`` builds it instead). The fields
+    not named are deferred, loaded on access, as ``from_db`` leaves them."""
+    if pre_init.has_listeners(model) or post_init.has_listeners(model):
+        return model.from_db(alias, attnames, values)
+    instance = model.__new__(model)
+    instance.__dict__.update(zip(attnames, values, strict=True))
+    state = instance._state = ModelState()
+    state.adding = False
+    state.db = alias
+    return instance
+
+
 def _admitted(
     row: Row, *, ticket_id: uuid.UUID, params: dict[str, Any], input_json: str
 ) -> Admitted:
     """The ticket as the function inserted it, loaded as the ORM loads a row
-    (from_db: positional, without the keyword handling of Ticket(**fields),
-    a noticeable share of an admission's time). The fields it leaves out are NULL."""
+    (``_loaded``), without reading it back. The fields it leaves out are NULL."""
     status, endpoint_id, canonical_address = row["status"], row["endpoint"], row["address"]
     return_to_id, trace, depth, root = row["return_to"], row["trace"], row["depth"], row["root"]
     if status == "admitted_flagged":
@@ -422,12 +456,12 @@ def _admitted(
         "updated_at": now,
     }
     alias = connection.alias
-    ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, [values.get(a) for a in _TICKET_ATTNAMES])
+    ticket = _loaded(Ticket, alias, _TICKET_ATTNAMES, [values.get(a) for a in _TICKET_ATTNAMES])
     # The endpoint as the function read it.
-    ticket.endpoint = Endpoint.from_db(alias, ["id", "address"], [endpoint_id, canonical_address])
+    ticket.endpoint = _loaded(Endpoint, alias, ["id", "address"], [endpoint_id, canonical_address])
     if return_to_id is not None:
-        ticket.return_to = Endpoint.from_db(
-            alias, ["id", "address"], [return_to_id, row["return_to_address"]]
+        ticket.return_to = _loaded(
+            Endpoint, alias, ["id", "address"], [return_to_id, row["return_to_address"]]
         )
     return Admitted(ticket=ticket, duplicate=False)
 
@@ -502,17 +536,17 @@ def _ticket_from_row(row: Row) -> Ticket:
         for value in (data[column],)
     ]
     alias = connection.alias
-    ticket = Ticket.from_db(alias, _TICKET_ATTNAMES, values)
-    ticket.endpoint = Endpoint.from_db(
-        alias, ["id", "address"], [ticket.endpoint_id, endpoint_address]
+    ticket = _loaded(Ticket, alias, _TICKET_ATTNAMES, values)
+    ticket.endpoint = _loaded(
+        Endpoint, alias, ["id", "address"], [ticket.endpoint_id, endpoint_address]
     )
     if ticket.turn_id is not None:
-        ticket.turn = Turn.from_db(
-            alias, ["id", "seq", "state"], [ticket.turn_id, turn_seq, turn_state]
+        ticket.turn = _loaded(
+            Turn, alias, ["id", "seq", "state"], [ticket.turn_id, turn_seq, turn_state]
         )
     if ticket.return_to_id is not None:
-        ticket.return_to = Endpoint.from_db(
-            alias, ["id", "address"], [ticket.return_to_id, return_to_address]
+        ticket.return_to = _loaded(
+            Endpoint, alias, ["id", "address"], [ticket.return_to_id, return_to_address]
         )
     return ticket
 
