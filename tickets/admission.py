@@ -307,14 +307,27 @@ def _supersede_after_commit(row: Row, *, ticket_id: uuid.UUID) -> None:
         transaction.on_commit(lambda: superseding.supersede(turn_id, seq, ticket_id))
 
 
+# claimcheck_admit_v2's result columns without their ``o_``, read from the
+# first call's description and kept: psycopg builds a ``Column`` object per
+# column each time ``description`` is read, a share of admission's Python.
+# A function's result cannot change under its name (PostgreSQL refuses it in
+# place, and core/sqlfunctions.py refuses a file that would: a new result is
+# a new versioned name), so the first call's columns are every call's; a row
+# of another width is read afresh all the same.
+_columns: tuple[str, ...] = ()
+
+
 def _call(params: dict[str, Any]) -> Row:
     # One statement (in autocommit its own transaction), unprepared, so fine
     # behind PgBouncer in transaction mode. PL/pgSQL plans the function's
     # statements once per server session.
+    global _columns
     with call_cursor() as cur:
         cur.execute(_ADMIT_SQL, params)
         values = cur.fetchone()
-        return {c.name.removeprefix("o_"): v for c, v in zip(cur.description, values, strict=True)}
+        if len(_columns) != len(values):
+            _columns = tuple(c.name.removeprefix("o_") for c in cur.description)
+        return dict(zip(_columns, values, strict=True))
 
 
 def _require_submit(
