@@ -120,7 +120,9 @@ def test_a_streamed_task_runs_to_completion_and_a_resubscribe_after_it_gets_it(
     async def stream() -> tuple[list[dict], list[dict]]:
         async with agent(url, "demo.sleep", api_key, streaming=True) as client:
             events = await events_of(
-                client.send_message(data_message("stream-1", {"seconds": 0.3}))
+                # Long enough that a reader slowed by a loaded machine still
+                # sees the task working before it completes.
+                client.send_message(data_message("stream-1", {"seconds": 2.0}))
             )
             task_id = events[0]["task"]["id"]
             later = await events_of(client.subscribe(pb.SubscribeToTaskRequest(id=task_id)))
