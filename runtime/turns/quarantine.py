@@ -15,7 +15,8 @@ from django.utils import timezone
 from core.errors import StaleTurn
 from endpoints.models import Endpoint, EndpointState
 from tickets import lifecycle
-from tickets.models import EndpointLock, Ticket, TicketState, Turn, TurnState
+from tickets.models import TicketState, Turn, TurnState
+from tickets.turns import quarantine as ledger
 
 from ..ports import case_keeper
 from .dispatch import dispatch_next
@@ -36,7 +37,7 @@ def quarantine_turn(*, turn_id: uuid.UUID, actor: str = "sweeper") -> uuid.UUID 
         return None
     now = timezone.now()
     with transaction.atomic():
-        turn = _lock_for_quarantine(turn)
+        turn = ledger.lock_turn_rows(turn)
         grace = timedelta(seconds=turn.endpoint.interrupt_grace_s)
         # The database stamped the interrupt request (budgets.request_interrupt):
         # its grace runs out on the same clock, whatever this host's says.
@@ -45,7 +46,7 @@ def quarantine_turn(*, turn_id: uuid.UUID, actor: str = "sweeper") -> uuid.UUID 
             (db_now,) = cur.fetchone()
         if turn.state != TurnState.INTERRUPTING or turn.interrupt_requested_at + grace > db_now:
             return None
-        Turn.objects.filter(id=turn.id).update(state=TurnState.UNCERTAIN)
+        ledger.mark_uncertain(turn_id=turn.id, expected=(TurnState.INTERRUPTING,))
         reason = (
             f"turn {turn.seq} ({turn.runner_kind} runner on {turn.worker.get('host')}:"
             f"{turn.worker.get('pid')}) was interrupted for {turn.interrupt_reason} at "
@@ -80,10 +81,10 @@ def quarantine_side_effect_in_doubt(
         return None
     now = timezone.now()
     with transaction.atomic():
-        turn = _lock_for_quarantine(turn)
-        if not Turn.objects.filter(
-            id=turn.id, seq=seq, state__in=(TurnState.RUNNING, TurnState.INTERRUPTING)
-        ).update(state=TurnState.UNCERTAIN):
+        turn = ledger.lock_turn_rows(turn)
+        if not ledger.mark_uncertain(
+            turn_id=turn.id, seq=seq, expected=(TurnState.RUNNING, TurnState.INTERRUPTING)
+        ):
             return None
         how = exit.get("signal") or f"exit code {exit.get('returncode')}"
         calls = "; ".join(
@@ -108,15 +109,6 @@ def quarantine_side_effect_in_doubt(
         )
     log.error("endpoint %s quarantined: %s (case %s)", turn.endpoint.address, reason, case_id)
     return case_id
-
-
-def _lock_for_quarantine(turn: Turn) -> Turn:
-    """Lock ticket, lock row and turn, in the order every path that takes
-    more than one of them takes them (the finish's); the turn as locked,
-    with its endpoint. In the caller's transaction."""
-    Ticket.objects.select_for_update().get(id=turn.ticket_id)
-    EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
-    return Turn.objects.select_for_update(of=("self",)).select_related("endpoint").get(id=turn.id)
 
 
 # The open calls a case's reason names one by one (all are in the event).
@@ -162,33 +154,17 @@ def resolve_uncertain_turn(
     ``resolution`` is ``unresolved`` (finalize/rerun: nobody proved it
     stopped, the owner accepts the risk) or ``stopped`` (release: the owner
     gives evidence that it ended). The lock held by the turn is released and
-    the endpoint's oldest queued ticket dispatched after commit.
+    the endpoint's oldest queued ticket dispatched after commit. The
+    turn's end and the lock's release are the ledger's
+    (``tickets.turns.quarantine.end_uncertain``).
     """
-    if resolution not in (TurnState.UNRESOLVED, TurnState.STOPPED):
+    if resolution not in ledger.RESOLUTIONS:
         raise ValueError(f"unknown resolution {resolution!r}")
-    from core.errors import InvalidTransition
-
     turn = Turn.objects.filter(id=turn_id).first()
     if turn is None:
         raise StaleTurn(f"turn {turn_id} does not exist", state=None)
     with transaction.atomic():
-        Ticket.objects.select_for_update().get(id=turn.ticket_id)
-        EndpointLock.objects.select_for_update().get(endpoint_id=turn.endpoint_id)
-        now = timezone.now()
-        fields: dict[str, Any] = {"state": resolution, "ended_at": now}
-        if evidence is not None:
-            fields["stop_evidence"] = {
-                "kind": "owner_evidence",
-                "observed_at": now.isoformat(),
-                "seq": turn.seq,
-                "detail": evidence,
-                "actor": actor,
-            }
-        if not Turn.objects.filter(id=turn_id, state=TurnState.UNCERTAIN).update(**fields):
-            raise InvalidTransition(f"turn {turn_id} is not uncertain", state=turn.state)
-        EndpointLock.objects.filter(endpoint_id=turn.endpoint_id, holder_id=turn_id).update(
-            holder=None, token=None, acquired_at=None
-        )
+        ledger.end_uncertain(turn=turn, resolution=resolution, actor=actor, evidence=evidence)
         left = Endpoint.objects.filter(id=turn.endpoint_id, state=EndpointState.QUARANTINED).update(
             state=EndpointState.AVAILABLE, quarantine_case=None
         )

@@ -180,6 +180,71 @@ def test_a_tickets_move_and_its_event_are_written_in_one_place():
                     assert _rel(path) == "tickets/events.py", _rel(path)
 
 
+# What a ledger row's state is made of, per model: written only by the
+# ledger's services (tickets/), which the runtime calls.
+_LEDGER_STATE = {
+    "Ticket": {"state"},
+    "Turn": {"state", "ended_at", "stop_evidence", "interrupt_requested_at", "interrupt_reason"},
+    "EndpointLock": {"holder", "holder_id", "token", "acquired_at"},
+}
+
+
+def _ledger_state_writes(tree: ast.AST) -> list[str]:
+    """The ORM writes of a ledger state field in a module: an ``update`` or
+    ``update_or_create`` on a ledger model's manager naming one (a
+    ``**fields`` may name any), or a ``save`` whose ``update_fields`` do."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        keywords = {k.arg for k in node.keywords}
+        if node.func.attr in ("update", "update_or_create", "bulk_update"):
+            receiver = ast.unparse(node.func.value)
+            for model, fields in _LEDGER_STATE.items():
+                if re.search(rf"\b{model}\.objects\b", receiver) and (
+                    None in keywords or keywords & fields or node.func.attr == "bulk_update"
+                ):
+                    found.append(ast.unparse(node))
+        elif node.func.attr == "save":
+            named = {
+                e.value
+                for k in node.keywords
+                if k.arg == "update_fields"
+                for e in ast.walk(k.value)
+                if isinstance(e, ast.Constant)
+            }
+            if None in keywords or named & set().union(*_LEDGER_STATE.values()):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_only_the_ledger_writes_a_ledger_rows_state():
+    """A ticket's, a turn's and the endpoint lock's state change through the
+    ledger's services (tickets/: lifecycle, tickets/turns/); the runtime and
+    the apps above it call them and never write those fields through the
+    ORM (a heartbeat's ``heartbeat_at`` is not state)."""
+    writes = {
+        _rel(path): found
+        for path in _py_files()
+        if path.relative_to(ROOT).parts[0] != "tickets"
+        for found in [_ledger_state_writes(ast.parse(path.read_text()))]
+        if found
+    }
+    assert writes == {}
+
+
+def test_the_ledger_state_check_sees_a_write():
+    """The check above would see the writes it forbids."""
+    source = """
+Turn.objects.filter(id=t).update(state=TurnState.UNCERTAIN)
+EndpointLock.objects.filter(endpoint_id=e).update(holder=None, token=None)
+Turn.objects.filter(id=t).update(**fields)
+ticket.save(update_fields=["state", "updated_at"])
+Turn.objects.filter(id=t).update(heartbeat_at=now)
+"""
+    assert len(_ledger_state_writes(ast.parse(source))) == 4
+
+
 # Who may see a ticket: its submitter, its endpoint's owners, staff.
 @pytest.mark.parametrize(
     ("submitted_by", "endpoint", "owned", "visible"),

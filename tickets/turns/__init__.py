@@ -15,6 +15,8 @@ through these.
 - ``lock``    the lock's release and the endpoint's next ticket
 - ``interrupt`` ``running -> interrupting`` and a ticket's cancel, with the
   runtime's step (an http agent's cancel URL) registered at start-up
+- ``quarantine`` ``-> uncertain`` (the lock stays with the turn) and an
+  owner's end of an uncertain turn, which frees its lock
 - ``slots``   which worker pool process runs a turn (written by the start
   and the finish; what happens outside them, for the worker registry)
 """
