@@ -156,10 +156,9 @@ def resolve_uncertain_turn(
     gives evidence that it ended). The lock held by the turn is released and
     the endpoint's oldest queued ticket dispatched after commit. The
     turn's end and the lock's release are the ledger's
-    (``tickets.turns.quarantine.end_uncertain``).
+    (``tickets.turns.quarantine.end_uncertain``, which also refuses an
+    unknown resolution before it writes anything).
     """
-    if resolution not in ledger.RESOLUTIONS:
-        raise ValueError(f"unknown resolution {resolution!r}")
     turn = Turn.objects.filter(id=turn_id).first()
     if turn is None:
         raise StaleTurn(f"turn {turn_id} does not exist", state=None)
