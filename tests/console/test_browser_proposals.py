@@ -44,6 +44,9 @@ def test_the_proposals_page_lists_filters_and_leads_to_the_review(page, live_ser
         page.goto(f"{live_server.url}/")
         page.get_by_role("navigation", name="Console").get_by_role("link", name="Proposals").click()
         expect(page).to_have_url(f"{live_server.url}/proposals/")
+        # The rows are in the document before its deferred scripts run: htmx
+        # handles the filter's change once DOMContentLoaded has fired.
+        page.wait_for_load_state("domcontentloaded")
         rows = page.locator("#proposal-table tbody tr[data-status]")
         expect(rows).to_have_count(2)
         page.get_by_label("State").select_option("open")  # htmx swaps the table
